@@ -1,0 +1,1 @@
+"""Command-line front ends (click). Each module is one console script."""

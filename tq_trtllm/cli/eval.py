@@ -1,0 +1,40 @@
+"""tq-eval: measure the quantizer and the quantized cache."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ..core.errors import TQError
+from ..core.quantizer import ROTATIONS
+from ..eval.distortion import KINDS, measure_distortion
+
+
+@click.group(help="Measure TurboQuant's distortion and the quantized cache's quality.")
+def main():
+    pass
+
+
+@main.command(help="Distortion of TurboQuant on random unit vectors.")
+@click.option("--bits", type=click.IntRange(1, 4), required=True, help="Bits per coordinate.")
+@click.option("--dim", type=int, required=True, help="Vector dimension (head_dim).")
+@click.option("--kind", type=click.Choice(KINDS), default="mse", show_default=True)
+@click.option("--rotation", type=click.Choice(ROTATIONS), default="hadamard", show_default=True)
+@click.option("--samples", type=click.IntRange(min=1), default=100_000, show_default=True)
+@click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def distortion(bits, dim, kind, rotation, samples, seed, as_json):
+    try:
+        result = measure_distortion(bits, dim, kind, rotation, samples, seed)
+    except TQError as err:
+        raise click.ClickException(str(err)) from None
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    click.echo(f"TurboQuant-{kind}, {bits} bits, dim {dim}, {rotation} rotation, "
+               f"{samples} samples, seed {seed}")
+    click.echo(f"  E||x - x_hat||^2     {result['mse']:.6f}")
+    click.echo(f"  <y, x_hat - x> mean  {result['ip_bias']:+.3e} "
+               f"(standard error {result['ip_bias_stderr']:.1e})")
+    click.echo(f"  <y, x_hat - x> var   {result['ip_var']:.3e}")

@@ -1,0 +1,193 @@
+"""TurboQuant on tensors: the MSE quantizer of docs/FORMAT.md and, for evaluation, TurboQuant-prod.
+
+Everything runs in float64 so that the reference is exact up to the format's own rounding (the fp16
+norm); any device and dtype goes in, the input's dtype comes out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .codebook import lloyd_max
+from .errors import TQError
+from .rotation import dense_rotation, fwht, rotation_signs
+from .spec import CodecSpec, check_head_dim
+
+FP16_MAX = 65504.0
+ROTATIONS = ("hadamard", "dense")
+
+
+def check_finite(x: torch.Tensor, what: str) -> None:
+    if not torch.isfinite(x).all():
+        raise TQError(
+            f"{what} contains NaN or Inf; the KV cache cannot store non-finite activations "
+            "(check the model's dtype and inputs)"
+        )
+
+
+@dataclass
+class Encoded:
+    """Codes and norms of a batch of vectors: codes[g] is [..., n_g] uint8, norms is [..., G] fp16."""
+
+    codes: list[torch.Tensor]
+    norms: torch.Tensor
+
+
+def outlier_permutation(head_dim: int, outliers) -> torch.Tensor:
+    """perm = sorted(outliers) ++ sorted(the rest) (FORMAT.md section 1, step 2); int64 [head_dim]."""
+    chosen = sorted(int(c) for c in outliers)
+    if len(set(chosen)) != len(chosen) or any(not 0 <= c < head_dim for c in chosen):
+        raise TQError(f"outlier channels must be distinct and in 0..{head_dim - 1}, got {chosen}")
+    rest = [c for c in range(head_dim) if c not in set(chosen)]
+    return torch.tensor(chosen + rest, dtype=torch.int64)
+
+
+class VectorCodec:
+    """TurboQuant-MSE for vectors of spec.head_dim channels (FORMAT.md section 1).
+
+    mean, scale: [head_dim] or broadcastable to the inputs' [..., head_dim] (e.g. [kv_heads, head_dim]).
+    outliers: channel indices of the wider group of a fractional width, [n_hi] or [kv_heads, n_hi];
+    default: the first n_hi channels. codebooks: one per group, to replace the analytic ones.
+    """
+
+    def __init__(self, spec: CodecSpec, *, seed: int = 0, mean=None, scale=None, outliers=None,
+                 codebooks=None, codebook_kind: str = "exact", rotation: str = "hadamard"):
+        if rotation not in ROTATIONS:
+            raise TQError(f"rotation {rotation!r} is unknown; use one of {', '.join(ROTATIONS)}")
+        if rotation == "hadamard":
+            check_head_dim(spec.head_dim)
+        self.spec = spec
+        self.seed = seed
+        self.rotation = rotation
+        d = spec.head_dim
+        self.mean = None if mean is None else torch.as_tensor(mean, dtype=torch.float64)
+        self.scale = None if scale is None else torch.as_tensor(scale, dtype=torch.float64)
+        for name, t in (("mean", self.mean), ("scale", self.scale)):
+            if t is not None and t.shape[-1] != d:
+                raise TQError(f"{name} has {t.shape[-1]} channels but head_dim is {d}")
+        if self.scale is not None and not (self.scale > 0).all():
+            raise TQError("every channel scale must be positive")
+        self.perm = self._permutation(outliers)
+        if codebooks is None:
+            codebooks = [lloyd_max(g.dim, g.bits, codebook_kind) for g in spec.groups]
+        self.codebooks = [torch.tensor(c, dtype=torch.float64) for c in codebooks]
+        for g, c in zip(spec.groups, self.codebooks):
+            if c.numel() != 2**g.bits or not (c[1:] > c[:-1]).all():
+                raise TQError(f"a {g.bits}-bit codebook needs {2**g.bits} ascending centroids")
+        self.signs = rotation_signs(seed, d).to(torch.float64)
+        self.dense = [dense_rotation(seed + i, g.dim) for i, g in enumerate(spec.groups)] \
+            if rotation == "dense" else None
+
+    def _permutation(self, outliers):
+        n_hi = self.spec.num_outliers
+        if outliers is None or n_hi == 0:
+            if outliers is not None and len(outliers):
+                raise TQError(f"width {self.spec.width:g} has one group: it takes no outlier channels")
+            return None
+        outliers = torch.as_tensor(outliers)
+        if outliers.shape[-1] != n_hi:
+            raise TQError(
+                f"width {self.spec.width:g} at head_dim {self.spec.head_dim} splits "
+                f"{n_hi} outlier channels from the rest, but {outliers.shape[-1]} were given"
+            )
+        rows = outliers.reshape(-1, n_hi)
+        perms = torch.stack([outlier_permutation(self.spec.head_dim, r.tolist()) for r in rows])
+        return perms.reshape(*outliers.shape[:-1], self.spec.head_dim)
+
+    # -- the per-group rotation (step 4.3) and its inverse --
+    def _rotate(self, u: torch.Tensor, group: int, inverse: bool = False) -> torch.Tensor:
+        if self.dense is None:
+            return fwht(u)
+        q = self.dense[group].to(u.device)
+        return u @ q if inverse else u @ q.T
+
+    def _to_permuted(self, x: torch.Tensor) -> torch.Tensor:
+        """Steps 1-3: mean, scale, permutation and signs."""
+        z = x.to(torch.float64)
+        if self.mean is not None:
+            z = z - self.mean.to(z.device)
+        if self.scale is not None:
+            z = z / self.scale.to(z.device)
+        if self.perm is not None:
+            z = torch.take_along_dim(z, self.perm.to(z.device).expand_as(z), dim=-1)
+        return z * self.signs.to(z.device)
+
+    def _from_permuted(self, p: torch.Tensor) -> torch.Tensor:
+        z = p * self.signs.to(p.device)
+        if self.perm is not None:
+            out = torch.empty_like(z)
+            z = out.scatter_(-1, self.perm.to(z.device).expand_as(z), z)
+        if self.scale is not None:
+            z = z * self.scale.to(z.device)
+        if self.mean is not None:
+            z = z + self.mean.to(z.device)
+        return z
+
+    def rotated(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Per group, H s (x*scale)[perm] / sqrt(n): how a query is rotated (no mean, no norm)."""
+        p = x.to(torch.float64)
+        if self.scale is not None:
+            p = p * self.scale.to(p.device)
+        if self.perm is not None:
+            p = torch.take_along_dim(p, self.perm.to(p.device).expand_as(p), dim=-1)
+        p = p * self.signs.to(p.device)
+        return [self._rotate(p[..., g.start:g.start + g.dim], i) for i, g in enumerate(self.spec.groups)]
+
+    def encode(self, x: torch.Tensor) -> Encoded:
+        if x.shape[-1] != self.spec.head_dim:
+            raise TQError(f"vectors have {x.shape[-1]} channels but head_dim is {self.spec.head_dim}")
+        check_finite(x, "the key/value input")
+        p = self._to_permuted(x)
+        codes, norms = [], []
+        for i, g in enumerate(self.spec.groups):
+            part = p[..., g.start:g.start + g.dim]
+            norm = part.norm(dim=-1, keepdim=True)
+            if (norm > FP16_MAX).any():
+                raise TQError(
+                    f"a key/value vector has norm {norm.max().item():.4g}, beyond fp16's {FP16_MAX}; "
+                    "its norm cannot be stored (check the model's activations)"
+                )
+            u = torch.where(norm > 0, part / torch.where(norm > 0, norm, 1.0), 0.0)
+            y = self._rotate(u, i)
+            boundaries = (self.codebooks[i][1:] + self.codebooks[i][:-1]) / 2
+            # code = number of boundaries strictly below y (ties go to the lower code)
+            codes.append(torch.bucketize(y, boundaries.to(y.device), right=False).to(torch.uint8))
+            norms.append(norm)
+        return Encoded(codes, torch.cat(norms, dim=-1).to(torch.float16))
+
+    def decode(self, enc: Encoded, dtype=torch.float32) -> torch.Tensor:
+        parts = []
+        for i, g in enumerate(self.spec.groups):
+            c = self.codebooks[i].to(enc.codes[i].device)[enc.codes[i].long()]
+            parts.append(self._rotate(c, i, inverse=True) * enc.norms[..., i:i + 1].to(torch.float64))
+        return self._from_permuted(torch.cat(parts, dim=-1)).to(dtype)
+
+    def roundtrip(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decode(self.encode(x), dtype=x.dtype)
+
+
+class ProdCodec:
+    """TurboQuant-prod: a (b-1)-bit MSE codec plus a 1-bit QJL sketch of the residual (paper, Alg. 2).
+
+    Reference only: unbiased inner products, higher variance; it has no packed form (FORMAT.md s. 7).
+    """
+
+    def __init__(self, head_dim: int, bits: int, *, seed: int = 0, rotation: str = "hadamard"):
+        if not 2 <= bits <= 4:
+            raise TQError(f"TurboQuant-prod needs 2 to 4 bits (one goes to QJL), got {bits}")
+        self.mse = VectorCodec(CodecSpec(head_dim, bits - 1), seed=seed, rotation=rotation)
+        gen = torch.Generator().manual_seed(seed + 0x51)
+        self.sketch = torch.randn(head_dim, head_dim, generator=gen, dtype=torch.float64)
+
+    def roundtrip(self, x: torch.Tensor) -> torch.Tensor:
+        base = self.mse.decode(self.mse.encode(x), dtype=torch.float64)
+        residual = x.to(torch.float64) - base
+        s = self.sketch.to(x.device)
+        signs = torch.sign(residual @ s.T)
+        signs[signs == 0] = 1.0
+        gamma = residual.norm(dim=-1, keepdim=True)
+        d = x.shape[-1]
+        return (base + math.sqrt(math.pi / 2) / d * gamma * (signs @ s)).to(x.dtype)

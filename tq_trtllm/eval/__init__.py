@@ -1,0 +1,1 @@
+"""Evaluations: quantizer distortion, and (with a model) perplexity and passkey retrieval."""
