@@ -9,6 +9,7 @@ import click
 from ..core.errors import TQError
 from ..core.quantizer import ROTATIONS
 from ..eval.distortion import KINDS, measure_distortion
+from .quality import needle, ppl
 
 
 @click.group(help="Measure TurboQuant's distortion and the quantized cache's quality.")
@@ -38,3 +39,7 @@ def distortion(bits, dim, kind, rotation, samples, seed, as_json):
     click.echo(f"  <y, x_hat - x> mean  {result['ip_bias']:+.3e} "
                f"(standard error {result['ip_bias_stderr']:.1e})")
     click.echo(f"  <y, x_hat - x> var   {result['ip_var']:.3e}")
+
+
+main.add_command(ppl)
+main.add_command(needle)

@@ -27,6 +27,12 @@ class PagedLayerCache:
         self.pools = tuple(torch.zeros(num_chunks, num_kv_heads, lay.page_bytes, dtype=torch.uint8,
                                        device=device) for lay in self.layouts)
 
+    def grow(self, num_chunks: int) -> None:
+        """Enlarge both pools to num_chunks chunks, keeping every written page (block tables stay valid)."""
+        self.pools = tuple(
+            torch.cat([p, p.new_zeros(num_chunks - p.shape[0], *p.shape[1:])]) if num_chunks > p.shape[0]
+            else p for p in self.pools)
+
     @property
     def chunk_bytes(self) -> tuple[int, int]:
         return tuple(self.num_kv_heads * lay.page_bytes for lay in self.layouts)

@@ -1,8 +1,20 @@
-/* tq_kernels.h: the plain C ABI of the tq_trtllm CUDA kernel library.
+/* tq_kernels.h: the plain C ABI of the tq_trtllm CUDA kernel library (libtq_kernels.so).
  *
  * Device pointers, sizes and a cudaStream_t in; a tq_status out. No torch and no TensorRT here:
- * the TensorRT plugin, the Python package (ctypes) and the C++ examples all call these functions.
- * The packed layout is docs/FORMAT.md (format version TQ_FORMAT_VERSION).
+ * the TensorRT plugin, the Python package (ctypes, tq_trtllm/kernels) and the C++ examples all call
+ * these functions. The packed layout is docs/FORMAT.md (format version TQ_FORMAT_VERSION).
+ *
+ * Conventions
+ * - Every function checks its host-side arguments first (null pointers, head_dim, widths, sizes,
+ *   16-byte alignment of pools and chunk strides) and returns an error status with a message
+ *   (tq_last_error) without launching anything.
+ * - Values that live in device memory (kv_lens, seq_idx, pos, block-table entries) cannot be checked
+ *   without a synchronization. The kernels never read or write outside the pools for them: a token
+ *   whose position lies beyond the block table or whose block-table entry lies outside
+ *   [0, num_chunks) is skipped (quantize-append writes nothing for it; attention treats it as absent),
+ *   and kv_lens[b] is clamped to max_kv_len.
+ * - All launches are asynchronous on `stream`; TQ_ERR_CUDA reports a failed launch.
+ * - Thread safety: tq_last_error is per host thread; the functions keep no other state.
  */
 #ifndef TQ_KERNELS_H
 #define TQ_KERNELS_H
@@ -17,6 +29,8 @@ extern "C" {
 #define TQ_FORMAT_VERSION 1
 #define TQ_MAX_GROUPS 2
 #define TQ_MAX_HEAD_DIM 128 /* the kernels support head_dim 64 and 128 */
+#define TQ_MAX_GQA_GROUP 8  /* query heads per KV head */
+#define TQ_MAX_DECODE_Q_LEN 8
 
 typedef struct CUstream_st* tq_stream; /* the same type as cudaStream_t */
 
@@ -40,7 +54,10 @@ const char* tq_last_error(void);
 /* TQ_OK if the library reads `version`, else TQ_ERR_FORMAT_VERSION with a message. */
 tq_status tq_check_format_version(int32_t version);
 
-/* How one of K or V is encoded (docs/FORMAT.md, sections 1-4), for one layer. */
+/* How one of K or V is encoded (docs/FORMAT.md, sections 1-4), for one layer.
+ * Integer widths: num_groups 1, group_dim {head_dim}, group_bits {b}.
+ * Fractional widths w: num_groups 2, group_dim {head_dim/2, head_dim/2},
+ * group_bits {ceil(w), floor(w)} (the outlier half first). */
 typedef struct tq_codec {
   int32_t head_dim;                     /* 64 or 128 */
   int32_t num_groups;                   /* 1, or 2 for fractional widths */
@@ -50,30 +67,34 @@ typedef struct tq_codec {
   uint32_t seed;                        /* rotation signs, FORMAT.md section 4 */
   const int32_t* perm;  /* device [num_kv_heads][head_dim] channel order, or NULL = identity */
   const float* mean;    /* device [num_kv_heads][head_dim], or NULL = zeros */
-  const float* scale;   /* device [num_kv_heads][head_dim], or NULL = ones */
+  const float* scale;   /* device [num_kv_heads][head_dim] (positive), or NULL = ones */
 } tq_codec;
 
 /* One layer's paged cache (FORMAT.md, section 6). */
 typedef struct tq_paged_cache {
-  void* k_pool;
-  void* v_pool;
-  int64_t k_chunk_bytes;
-  int64_t v_chunk_bytes;
-  const int32_t* block_table;  /* device [batch][2][max_blocks] chunk indices */
+  void* k_pool;                /* 16-byte aligned */
+  void* v_pool;                /* 16-byte aligned */
+  int64_t k_chunk_bytes;       /* multiple of 16, >= num_kv_heads * tq_page_bytes(&key, T) */
+  int64_t v_chunk_bytes;       /* multiple of 16, >= num_kv_heads * tq_page_bytes(&value, T) */
+  const int32_t* block_table;  /* device [batch][2][max_blocks] chunk indices (0: K, 1: V) */
   int32_t max_blocks;
-  int32_t tokens_per_block;    /* multiple of 16 */
+  int32_t tokens_per_block;    /* T: a multiple of 16 */
   int32_t num_kv_heads;
+  int32_t num_chunks;          /* chunks in each pool: entries outside [0, num_chunks) are skipped */
   tq_codec key;
   tq_codec value;
 } tq_paged_cache;
 
-/* Bytes of one page of `codec` holding `tokens_per_block` tokens. */
+/* Bytes of one page of `codec` holding `tokens_per_block` tokens; -1 (with a message) if invalid. */
 int64_t tq_page_bytes(const tq_codec* codec, int32_t tokens_per_block);
 
 /* Quantize and write `num_tokens` new K and V rows (already rotary-embedded).
- * k, v: [num_tokens][num_kv_heads][head_dim] with row stride `token_stride` elements.
- * Token i goes to sequence seq_idx[i], position pos[i] (device int32 arrays).
- * Serves one decode step (one token per sequence) and the bulk write after a prefill. */
+ * k, v: [num_tokens][num_kv_heads][head_dim] with row stride `token_stride` elements between
+ * tokens (heads contiguous), in `dtype`, 4-byte aligned.
+ * Token i goes to sequence seq_idx[i] (in [0, batch)), position pos[i] (device int32 arrays).
+ * Serves one decode step (one token per sequence) and the bulk write after a prefill.
+ * A vector whose group norm exceeds fp16's range is stored with norm 65504 (the reference refuses
+ * it; a kernel cannot raise). */
 tq_status tq_quantize_append(const tq_paged_cache* cache, const void* k, const void* v,
                              int64_t token_stride, tq_dtype dtype, const int32_t* seq_idx,
                              const int32_t* pos, int32_t num_tokens, int32_t batch,
@@ -81,12 +102,19 @@ tq_status tq_quantize_append(const tq_paged_cache* cache, const void* k, const v
 
 /* Attention of q_len new query tokens per sequence against the sequence's whole packed history,
  * the new tokens' own keys included (they were appended first). Query token j of sequence b sits
- * at position kv_lens[b] - q_len + j and attends to positions <= its own (causal).
- * q, out: [batch][q_len][num_q_heads][head_dim] (contiguous). kv_lens: device [batch].
- * max_kv_len bounds every kv_lens[b] (host value; it sizes the split-KV grid).
- * decode: q_len 1..8; prefill: any q_len (the chunk), same contract. */
+ * at position kv_lens[b] - q_len + j and attends to positions <= its own (causal); a query token
+ * that sees no position (kv_lens[b] < q_len - j) gets the value mean (zeros without a mean).
+ * q, out: [batch][q_len][num_q_heads][head_dim] (contiguous, `dtype`); num_q_heads =
+ * group * num_kv_heads with group in 1..TQ_MAX_GQA_GROUP; query head hq uses KV head hq / group.
+ * kv_lens: device int32 [batch]. max_kv_len (host) bounds every kv_lens[b] and must not exceed
+ * max_blocks * tokens_per_block; it sizes the split-KV grid.
+ * softmax_scale multiplies q . k (usually 1/sqrt(head_dim)).
+ * workspace: device memory of at least tq_attention_workspace_bytes(...) bytes, 16-byte aligned,
+ * for the partial softmax states of the split-KV passes; not shared between concurrent calls.
+ * decode: q_len 1..TQ_MAX_DECODE_Q_LEN; prefill: any q_len >= 1 (a chunk of new tokens), same
+ * contract and the same kernels. */
 size_t tq_attention_workspace_bytes(int32_t batch, int32_t q_len, int32_t num_q_heads,
-                                    int32_t head_dim, int32_t max_kv_len);
+                                    int32_t num_kv_heads, int32_t head_dim, int32_t max_kv_len);
 tq_status tq_decode_attention(const tq_paged_cache* cache, const void* q, void* out,
                               tq_dtype dtype, const int32_t* kv_lens, int32_t max_kv_len,
                               int32_t batch, int32_t q_len, int32_t num_q_heads,
@@ -99,7 +127,8 @@ tq_status tq_prefill_attention(const tq_paged_cache* cache, const void* q, void*
                                tq_stream stream);
 
 /* Dequantize positions [start, start + len) of sequence `seq` into k_out, v_out:
- * [len][num_kv_heads][head_dim] in `dtype`. For tests and export. */
+ * [len][num_kv_heads][head_dim] in `dtype` (either may be NULL to skip it). For tests and export.
+ * start + len must not exceed max_blocks * tokens_per_block. */
 tq_status tq_dequantize(const tq_paged_cache* cache, int32_t seq, int32_t start, int32_t len,
                         void* k_out, void* v_out, tq_dtype dtype, tq_stream stream);
 

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# On the GPU machine: compute-sanitizer memcheck over representative GPU tests, then an ncu profile
+# of the decode kernels at batch 1, context 131072 (logs under $OUT or ./device_out).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-device_out}"; mkdir -p "$OUT"
+export PYTHONPATH=.:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+export TQ_KERNELS_LIB="${TQ_KERNELS_LIB:-build/plugin_cpp/kernels/libtq_kernels.so}"
+what="${1:-all}"
+if [[ "$what" == memcheck || "$what" == all ]]; then
+  timeout 300 compute-sanitizer --tool memcheck --target-processes all --print-limit 20 \
+    python3 -m pytest -q -x tests/gpu/test_attention.py tests/gpu/test_quantize_append.py \
+    -k "block_edges or ragged and d64-h9x3-k3.5 or prefill and float16 or bad_input or (matches_reference and 128 and (3 or 2.5))" \
+    2>&1 | tee "$OUT/memcheck.log" | tail -15
+fi
+if [[ "$what" == ncu || "$what" == all ]]; then
+  timeout 240 ncu --clock-control none -k regex:attention_split --launch-skip 2 --launch-count 1 \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+    --section MemoryWorkloadAnalysis --section LaunchStats \
+    python3 -m tq_trtllm.cli.bench decode --sizes 1x131072 --iters 1 2>&1 | tee "$OUT/ncu_decode.txt" | grep -v "^==PROF==" | tail -120
+fi

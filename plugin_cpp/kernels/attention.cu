@@ -1,0 +1,568 @@
+// attention.cu: tq_decode_attention and tq_prefill_attention over the packed paged cache.
+//
+// Pass 1 (attention_split_kernel): one CTA per (KV split, KV head, sequence, tile of 16 query rows).
+// Query rows are the q_len x group query vectors that share one KV head (row = token * group +
+// head in group), so every KV byte loaded serves the whole GQA group. The rows are rotated once
+// into the keys' domain (FORMAT.md "Attention never needs step 5"), softmax scale and log2(e)
+// folded in, and held as fp16 mma A fragments. Each warp streams 16-token tiles of the split
+// (cp.async into shared memory, kStages deep), decodes codes to fp16 centroids in registers with
+// byte-permute look-up tables (tile_decode.cuh), and computes S = Q K^T (tokens in N) and O += P V on tensor cores with an online softmax in base
+// 2. Norms multiply the scores (keys) and the probabilities (values), so centroids are decoded
+// unscaled. The 4 warps' states are combined and written as one partial state per split.
+// The key mean is not needed: q . mu is the same for every key of a query row and softmax is
+// invariant to a per-row shift.
+// Pass 2 (merge_kernel): one warp per query row merges the splits, rotates the output back
+// (inverse Hadamard, signs, un-permutation, value scale) and adds the value mean.
+#include <algorithm>
+#include <cmath>
+
+#include "cache.h"
+#include "device_common.cuh"
+#include "errors.h"
+#include "mma.cuh"
+#include "tile_decode.cuh"
+
+namespace tq {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kTile = 16;    // tokens per warp iteration: one mma K step of P V
+constexpr int kRows = 16;    // query rows per CTA: one mma M tile
+constexpr int kStages = 4;   // cp.async stages per warp: tiles in flight while one is computed
+constexpr int kCtasPerSm = 4;  // the split kernel's occupancy (__launch_bounds__ and shared memory)
+constexpr int kMinSplitTokens = 256;
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct AttnArgs {
+  CacheView cache;
+  CodecLayout tile[2];  // K and V laid out for a 16-token staging tile
+  const void* q;
+  void* out;
+  const int32_t* kv_lens;
+  int max_kv_len, q_len, group, num_q_heads, rows, row_tiles;
+  int num_splits, split_tokens;
+  float q_scale;        // softmax_scale * log2(e)
+  float* ws_o;          // [batch][Hkv][row_tiles * 16][splits][D]: unnormalized partial outputs
+  float2* ws_ml;        // [batch][Hkv][row_tiles * 16][splits]: (running max, sum) in base 2
+};
+
+struct SmemPlan {
+  int q_half, q_frag, tables, stages, stage_bytes, combine, total;
+};
+
+template <int D>
+__host__ __device__ inline SmemPlan smem_plan(const CodecLayout& kt, const CodecLayout& vt) {
+  SmemPlan p{};
+  p.q_half = 0;                                      // __half[16][D + 8]
+  p.q_frag = kRows * (D + 8) * 2;                    // uint4[D / 16][32]: query A fragments
+  p.tables = p.q_frag + D / 16 * 32 * 16;            // ByteTables[2][2]: K, V codebooks
+  p.stages = p.tables + 2 * TQ_MAX_GROUPS * int(sizeof(ByteTables));  // per warp: kStages x (K, V tile)
+  p.stage_bytes = kt.page_bytes + vt.page_bytes;
+  const int loop_bytes = p.stages + kWarps * kStages * p.stage_bytes;
+  p.combine = 0;                                     // float O[4][16][D], float2 ml[4][16]
+  const int combine_bytes = kWarps * kRows * D * 4 + kWarps * kRows * 8;
+  p.total = loop_bytes > combine_bytes ? loop_bytes : combine_bytes;
+  return p;
+}
+
+// Copies tokens [slot0, slot0 + 16) of a page into a 16-token tile with the same codec layout.
+__device__ inline void stage_page_tile(uint8_t* tile, const uint8_t* page, const CodecLayout& pl,
+                                       const CodecLayout& tl, int slot0) {
+  const int lane = threadIdx.x & 31;
+  for (int g = 0; g < pl.num_groups; ++g) {
+    const GroupLayout& pg = pl.group[g];
+    const GroupLayout& tg = tl.group[g];
+    const int lo_chunks = kTile * pg.lo_row_bytes / 16;
+    for (int i = lane; i < lo_chunks; i += 32)
+      cp_async_16(tile + tg.lo_off + 16 * i, page + pg.lo_off + slot0 * pg.lo_row_bytes + 16 * i);
+    const int hi_chunks = kTile * pg.hi_row_bytes / 16;
+    for (int i = lane; i < hi_chunks; i += 32)
+      cp_async_16(tile + tg.hi_off + 16 * i, page + pg.hi_off + slot0 * pg.hi_row_bytes + 16 * i);
+    if (lane < 2)  // 16 fp16 norms = 32 bytes
+      cp_async_16(tile + tl.norm_off + g * kTile * 2 + 16 * lane,
+                  page + pl.norm_off + (g * pl.tokens + slot0) * 2 + 16 * lane);
+  }
+}
+
+__device__ inline float tile_norm(const uint8_t* tile, const CodecLayout& tl, int g, int token) {
+  return __half2float(reinterpret_cast<const __half*>(tile + tl.norm_off)[g * kTile + token]);
+}
+
+template <int D, int KG, int VG, typename T>
+__global__ void __launch_bounds__(32 * kWarps, kCtasPerSm) attention_split_kernel(AttnArgs a) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int g4 = lane >> 2, tig = lane & 3;
+  const int split = blockIdx.x, kvh = blockIdx.y;
+  const int b = blockIdx.z / a.row_tiles, rt = blockIdx.z % a.row_tiles;
+  const int heads = a.cache.num_kv_heads;
+  const CodecLayout& kl = a.cache.codec[0];
+  const CodecLayout& vl = a.cache.codec[1];
+  const CodecLayout& kt = a.tile[0];
+  const CodecLayout& vt = a.tile[1];
+  const SmemPlan plan = smem_plan<D>(kt, vt);
+  __half* q_s = reinterpret_cast<__half*>(smem + plan.q_half);
+  ByteTables* tables = reinterpret_cast<ByteTables*>(smem + plan.tables);  // [kv * 2 + group]
+
+  const int L = max(0, min(a.kv_lens[b], a.max_kv_len));
+  // This CTA's rows, and the last position any of them may see (causal).
+  const int row0 = rt * kRows;
+  const int last_row = min(a.rows, row0 + kRows) - 1;
+  const int visible_end = L - a.q_len + last_row / a.group + 1;
+  const int split_begin = split * a.split_tokens;
+  const int split_end = min(min(L, visible_end), split_begin + a.split_tokens);
+
+  // --- Prologue: rotate the query rows into the keys' domain, fp16 into shared memory. ---
+  {
+    constexpr int E = D / 32;
+    const int gdim = D / KG;
+    for (int rr = warp; rr < kRows; rr += kWarps) {
+      const int r = row0 + rr;
+      float x[E];
+      if (r < a.rows) {
+        const int j = r / a.group, hq = kvh * a.group + r % a.group;
+        const T* qv = static_cast<const T*>(a.q) + ((int64_t(b) * a.q_len + j) * a.num_q_heads + hq) * D;
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+          const int pj = lane * E + e;
+          const int ch = channel_of(kl, kvh, pj);
+          x[e] = to_float(qv[ch]) * scale_of(kl, kvh, ch) * rotation_sign(kl.seed, pj);
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < E; ++e) x[e] = 0.0f;
+      }
+      warp_fwht<E>(x, gdim);
+#pragma unroll
+      for (int e = 0; e < E; ++e) q_s[rr * (D + 8) + lane * E + e] = __float2half_rn(x[e] * a.q_scale);
+    }
+    if (threadIdx.x < 2 * TQ_MAX_GROUPS * 8) {  // one table word per thread
+      const int kv = threadIdx.x / 16, g = (threadIdx.x / 8) % 2, w = threadIdx.x % 8;
+      const CodecLayout& cl = a.cache.codec[kv];
+      uint32_t word = 0;
+      for (int k = 4 * (w % 4); k < 4 * (w % 4) + 4; ++k) {
+        const bool used = g < cl.num_groups && k < (1 << cl.group[g].bits);
+        const uint32_t bits = __half_as_ushort(__float2half_rn(used ? cl.codebook[g][k] : 0.0f));
+        word |= ((w < 4 ? bits : bits >> 8) & 0xffu) << (8 * (k % 4));
+      }
+      uint32_t* words = reinterpret_cast<uint32_t*>(tables + kv * 2 + g);
+      words[w] = word;  // lo[0..3] then hi[0..3]
+    }
+  }
+  __syncthreads();
+
+  // Query A fragments, stored once per CTA in fragment order (one 16-byte load per k step in the
+  // loop keeps them out of registers). For K group g and k step s, thread (g4, tig) holds the
+  // coordinates that its B-fragment partner decodes into k step s: run slots 4s .. 4s+3 of run
+  // tig (see decode_pairs).
+  constexpr int KCNT = D / KG / 4;          // key coordinates per thread per token and group
+  constexpr int KSTEPS = KCNT / 4;          // mma k steps per group
+  uint4* q_frag = reinterpret_cast<uint4*>(smem + plan.q_frag);  // [g * KSTEPS + s][lane]
+  for (int f = threadIdx.x; f < KG * KSTEPS * 32; f += 32 * kWarps) {
+    const int g = f / 32 / KSTEPS, st = f / 32 % KSTEPS, fl = f % 32;
+    int c[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      c[k] = g * (D / KG) + (fl & 3) * KCNT + run_slot_coord(kt.group[g].bits, KCNT, 4 * st + k);
+    const __half* r0 = q_s + (fl >> 2) * (D + 8);
+    const __half* r1 = q_s + ((fl >> 2) + 8) * (D + 8);
+    q_frag[f] = make_uint4(pack_half2(r0[c[0]], r0[c[1]]), pack_half2(r1[c[0]], r1[c[1]]),
+                           pack_half2(r0[c[2]], r0[c[3]]), pack_half2(r1[c[2]], r1[c[3]]));
+  }
+  __syncthreads();
+
+  // Causal limit of this thread's two rows (g4 and g4 + 8); padding rows see nothing.
+  int limit[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = row0 + g4 + 8 * h;
+    limit[h] = r < a.rows ? L - a.q_len + r / a.group : -1;
+  }
+
+  constexpr int VCNT = D / VG / 8;  // value coordinates per thread per token and group = n tiles
+  constexpr int NT = D / 8;         // output n tiles
+  float o[NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+
+  uint8_t* stage0 = smem + plan.stages + warp * kStages * plan.stage_bytes;
+  const int tiles = split_end > split_begin ? (split_end - split_begin + kTile - 1) / kTile : 0;
+  // Chunk indices of this warp's next 32 tiles, one per lane, read from the block table in one go.
+  int window_k = -1, window_v = -1;
+  uint32_t staged = 0;  // bit (i % kStages): tile i was staged (its pages exist)
+  auto stage = [&](int i) {  // issues the copies of this warp's i-th tile (uniform over the warp)
+    if (i % 32 == 0) {
+      const int pos = split_begin + (warp + (i + lane) * kWarps) * kTile;
+      const bool in_split = pos < split_end;
+      window_k = in_split ? chunk_of(a.cache, b, 0, pos / a.cache.tokens) : -1;
+      window_v = in_split ? chunk_of(a.cache, b, 1, pos / a.cache.tokens) : -1;
+    }
+    const int ck = __shfl_sync(0xffffffffu, window_k, i % 32);
+    const int cv = __shfl_sync(0xffffffffu, window_v, i % 32);
+    const bool ok = warp + i * kWarps < tiles && ck >= 0 && cv >= 0;
+    staged = (staged & ~(1u << (i % kStages))) | (uint32_t(ok) << (i % kStages));
+    if (!ok) return;
+    const int slot0 = (split_begin + (warp + i * kWarps) * kTile) % a.cache.tokens;
+    uint8_t* st = stage0 + (i % kStages) * plan.stage_bytes;
+    stage_page_tile(st, page_in_chunk(a.cache, 0, ck, kvh), kl, kt, slot0);
+    stage_page_tile(st + kt.page_bytes, page_in_chunk(a.cache, 1, cv, kvh), vl, vt, slot0);
+  };
+
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    stage(i);
+    cp_async_commit();
+  }
+  for (int it = 0; warp + it * kWarps < tiles; ++it) {
+    stage(it + kStages - 1);
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();
+    __syncwarp();
+    const int pos0 = split_begin + (warp + it * kWarps) * kTile;
+    const int valid = (staged >> (it % kStages)) & 1u ? min(kTile, split_end - pos0) : 0;
+    const uint8_t* kt_s = stage0 + (it % kStages) * plan.stage_bytes;
+    const uint8_t* vt_s = kt_s + kt.page_bytes;
+
+    // S = Q K^T: n tile t holds tokens 8t .. 8t+7; this thread decodes token 8t + g4. Even and
+    // odd k steps accumulate separately: four independent mma chains per group.
+    float s[2][4] = {};
+#pragma unroll
+    for (int g = 0; g < KG; ++g) {
+      float sg[2][2][4] = {};
+      with_bits(kt.group[g].bits, [&](auto bits) {
+        constexpr int BITS = decltype(bits)::value;
+        const ByteTables table = tables[g];
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {  // one token's decoded run live at a time
+          CodeRun<BITS, KCNT> run;
+          run.load(kt_s, kt.group[g], 8 * t + g4, tig);
+          uint32_t kb[KCNT / 2];
+          decode_pairs(run, table, kb);
+#pragma unroll
+          for (int st = 0; st < KSTEPS; ++st) {
+            const uint4 f = q_frag[(g * KSTEPS + st) * 32 + lane];
+            const uint32_t qa[4] = {f.x, f.y, f.z, f.w};
+            mma_16816(sg[t][st & 1], qa, kb[2 * st], kb[2 * st + 1]);
+          }
+        }
+      });
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        const float n0 = tile_norm(kt_s, kt, g, 8 * t + 2 * tig);
+        const float n1 = tile_norm(kt_s, kt, g, 8 * t + 2 * tig + 1);
+        s[t][0] += (sg[t][0][0] + sg[t][1][0]) * n0;
+        s[t][1] += (sg[t][0][1] + sg[t][1][1]) * n1;
+        s[t][2] += (sg[t][0][2] + sg[t][1][2]) * n0;
+        s[t][3] += (sg[t][0][3] + sg[t][1][3]) * n1;
+      }
+    }
+    // Mask (beyond the split, or after the row's own position), then the online softmax.
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int tok = 8 * t + 2 * tig + (e & 1);
+        if (tok >= valid || pos0 + tok > limit[e >> 1]) s[t][e] = -INFINITY;
+        tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[t][e]);
+      }
+    float m_use[2], alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+      const float m_new = fmaxf(m_run[h], tile_max[h]);
+      m_use[h] = m_new == -INFINITY ? 0.0f : m_new;
+      alpha[h] = exp2f(m_run[h] - m_use[h]);
+      m_run[h] = m_new;
+      l_run[h] *= alpha[h];
+    }
+    // Once the running maxima settle they rarely move: skip the rescale when no row's did.
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        o[n][0] *= alpha[0]; o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1]; o[n][3] *= alpha[1];
+      }
+    }
+    float p[2][4];
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        p[t][e] = exp2f(s[t][e] - m_use[e >> 1]);
+        l_run[e >> 1] += p[t][e];
+      }
+
+    // O += P V: this thread decodes tokens 2tig, 2tig+1, 2tig+8, 2tig+9 (the B fragment's k rows),
+    // value coordinates g4 * VCNT .. + VCNT of each group (one per n tile).
+#pragma unroll
+    for (int g = 0; g < VG; ++g) {
+      const int toks[4] = {2 * tig, 2 * tig + 1, 2 * tig + 8, 2 * tig + 9};
+      float nv[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) nv[i] = toks[i] < valid ? tile_norm(vt_s, vt, g, toks[i]) : 0.0f;
+      const uint32_t pa[4] = {pack_float2(p[0][0] * nv[0], p[0][1] * nv[1]),
+                              pack_float2(p[0][2] * nv[0], p[0][3] * nv[1]),
+                              pack_float2(p[1][0] * nv[2], p[1][1] * nv[3]),
+                              pack_float2(p[1][2] * nv[2], p[1][3] * nv[3])};
+      with_bits(vt.group[g].bits, [&](auto bits) {
+        constexpr int BITS = decltype(bits)::value;
+        const ByteTables table = tables[2 + g];
+        uint32_t vb[4][VCNT / 2];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          CodeRun<BITS, VCNT> run;
+          run.load(vt_s, vt.group[g], toks[i], g4);
+          decode_pairs(run, table, vb[i]);
+        }
+        // n tile k takes run slot k of the 4 tokens: pair the tokens' fp16 values by prmt
+#pragma unroll
+        for (int k = 0; k < VCNT; ++k) {
+          const uint32_t sel = k % 2 ? 0x7632u : 0x5410u;
+          mma_16816(o[g * VCNT + k], pa, byte_perm(vb[0][k / 2], vb[1][k / 2], sel),
+                    byte_perm(vb[2][k / 2], vb[3][k / 2], sel));
+        }
+      });
+    }
+    __syncwarp();
+  }
+  cp_async_wait<0>();
+
+  // --- Epilogue: combine the 4 warps' states, write this split's partial state. ---
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
+  }
+  __syncthreads();  // the loop's shared memory becomes the combine buffer
+  float* o_s = reinterpret_cast<float*>(smem + plan.combine);   // [warp][row][D] rotated dims
+  float2* ml_s = reinterpret_cast<float2*>(o_s + kWarps * kRows * D);
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    const int g = n / VCNT, jn = n % VCNT;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = g4 + 8 * (e >> 1);
+      const int dim = g * (D / VG) + (2 * tig + (e & 1)) * VCNT +
+                      run_slot_coord(vt.group[g].bits, VCNT, jn);
+      o_s[(warp * kRows + row) * D + dim] = o[n][e];
+    }
+  }
+  if (tig == 0) {
+    ml_s[warp * kRows + g4] = make_float2(m_run[0], l_run[0]);
+    ml_s[warp * kRows + g4 + 8] = make_float2(m_run[1], l_run[1]);
+  }
+  __syncthreads();
+  const int64_t row_base = (int64_t(b) * heads + kvh) * a.row_tiles * kRows + row0;
+  for (int i = threadIdx.x; i < kRows * D; i += 32 * kWarps) {
+    const int row = i / D, dim = i % D;
+    if (row0 + row >= a.rows) continue;
+    float m_all = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) m_all = fmaxf(m_all, ml_s[w * kRows + row].x);
+    float acc = 0.0f, l_all = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float2 ml = ml_s[w * kRows + row];
+      const float wgt = ml.x == -INFINITY ? 0.0f : exp2f(ml.x - m_all);
+      acc += wgt * o_s[(w * kRows + row) * D + dim];
+      l_all += wgt * ml.y;
+    }
+    const int64_t slot = (row_base + row) * a.num_splits + split;
+    a.ws_o[slot * D + dim] = acc;
+    if (dim == 0) a.ws_ml[slot] = make_float2(m_all, l_all);
+  }
+}
+
+template <int D, typename T>
+__global__ void __launch_bounds__(128) merge_kernel(AttnArgs a, int batch) {
+  constexpr int E = D / 32;
+  const int lane = threadIdx.x & 31;
+  const int64_t item = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;  // (b, kvh, row)
+  const int heads = a.cache.num_kv_heads;
+  if (item >= int64_t(batch) * heads * a.rows) return;
+  const int r = int(item % a.rows);
+  const int kvh = int(item / a.rows % heads);
+  const int b = int(item / a.rows / heads);
+  const int64_t base = ((int64_t(b) * heads + kvh) * a.row_tiles * kRows + r) * a.num_splits;
+  // Lanes read the splits' (max, sum) in parallel; then every lane weighs every split's output
+  // for its E dims, with the split weights broadcast from the lane that computed them.
+  float m_all = -INFINITY;
+  for (int s = lane; s < a.num_splits; s += 32) m_all = fmaxf(m_all, a.ws_ml[base + s].x);
+  for (int o = 16; o > 0; o >>= 1) m_all = fmaxf(m_all, __shfl_xor_sync(0xffffffffu, m_all, o));
+  float acc[E] = {}, l_all = 0.0f;
+  for (int s0 = 0; s0 < a.num_splits; s0 += 32) {
+    float w = 0.0f;
+    if (s0 + lane < a.num_splits) {
+      const float2 ml = a.ws_ml[base + s0 + lane];
+      w = ml.x == -INFINITY ? 0.0f : exp2f(ml.x - m_all);
+      l_all += w * ml.y;
+    }
+    const int count = min(32, a.num_splits - s0);
+#pragma unroll 8
+    for (int i = 0; i < count; ++i) {
+      const float wi = __shfl_sync(0xffffffffu, w, i);
+      const float* os = a.ws_o + (base + s0 + i) * D + lane * E;
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[e] += wi * os[e];
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) l_all += __shfl_xor_sync(0xffffffffu, l_all, o);
+  const float inv = l_all > 0.0f ? 1.0f / l_all : 0.0f;
+  const CodecLayout& vl = a.cache.codec[1];
+#pragma unroll
+  for (int e = 0; e < E; ++e) acc[e] *= inv;
+  warp_fwht<E>(acc, D / vl.num_groups);
+  const int j = r / a.group, hq = kvh * a.group + r % a.group;
+  T* out = static_cast<T*>(a.out) + ((int64_t(b) * a.q_len + j) * a.num_q_heads + hq) * D;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const int pj = lane * E + e;
+    const int ch = channel_of(vl, kvh, pj);
+    out[ch] = from_float<T>(acc[e] * rotation_sign(vl.seed, pj) * scale_of(vl, kvh, ch) +
+                            mean_of(vl, kvh, ch));
+  }
+}
+
+struct SplitPlan {
+  int row_tiles, num_splits, split_tokens;
+};
+
+// Splits per (sequence, KV head, row tile): as many CTAs as fill whole waves of kCtasPerSm CTAs per
+// SM (batch 1 at long context fills the GPU), each split at least kMinSplitTokens long.
+SplitPlan plan_splits(int batch, int q_len, int group, int num_kv_heads, int max_kv_len) {
+  static int sms = 0;
+  if (!sms) {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) sms = 132;
+  }
+  SplitPlan p{};
+  p.row_tiles = (q_len * group + kRows - 1) / kRows;
+  const int64_t ctas = int64_t(batch) * num_kv_heads * p.row_tiles;
+  const int64_t slots = int64_t(sms) * kCtasPerSm;
+  const int len = std::max(1, max_kv_len);
+  const int max_splits = std::max(1, len / kMinSplitTokens);
+  int best = 1;
+  double best_eff = 0.0;
+  for (int s = 1; s <= std::min(max_splits, 1024); ++s) {
+    const int64_t n = ctas * s;
+    const double eff = double(n) / double((n + slots - 1) / slots * slots);
+    if (eff > best_eff + 0.02) { best = s; best_eff = eff; }  // fewer splits unless clearly better
+    if (n >= 4 * slots) break;
+  }
+  const int per = (len + best - 1) / best;
+  p.split_tokens = (per + kWarps * kTile - 1) / (kWarps * kTile) * (kWarps * kTile);
+  p.num_splits = (len + p.split_tokens - 1) / p.split_tokens;
+  return p;
+}
+
+size_t workspace_bytes(const SplitPlan& p, int batch, int num_kv_heads, int head_dim) {
+  const size_t slots = size_t(batch) * num_kv_heads * p.row_tiles * kRows * p.num_splits;
+  return slots * head_dim * sizeof(float) + slots * sizeof(float2) + 16;
+}
+
+template <int D, typename T>
+tq_status launch(AttnArgs& a, int batch, cudaStream_t stream) {
+  const SmemPlan plan = smem_plan<D>(a.tile[0], a.tile[1]);
+  const dim3 grid(a.num_splits, a.cache.num_kv_heads, batch * a.row_tiles);
+  const int kg = a.cache.codec[0].num_groups, vg = a.cache.codec[1].num_groups;
+  auto kernel = kg == 1 ? (vg == 1 ? attention_split_kernel<D, 1, 1, T> : attention_split_kernel<D, 1, 2, T>)
+                        : (vg == 1 ? attention_split_kernel<D, 2, 1, T> : attention_split_kernel<D, 2, 2, T>);
+  if (plan.total > 48 * 1024 &&
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.total) != cudaSuccess)
+    return fail(TQ_ERR_CUDA, "attention: cannot raise the shared memory limit to %d bytes", plan.total);
+  kernel<<<grid, 32 * kWarps, plan.total, stream>>>(a);
+  TQ_TRY(check_launch("attention (split pass)"));
+  const int64_t warps = int64_t(batch) * a.cache.num_kv_heads * a.rows;
+  merge_kernel<D, T><<<unsigned((warps + 3) / 4), 128, 0, stream>>>(a, batch);
+  return check_launch("attention (merge pass)");
+}
+
+tq_status attention(const char* name, int max_q_len, const tq_paged_cache* cache, const void* q,
+                    void* out, tq_dtype dtype, const int32_t* kv_lens, int32_t max_kv_len,
+                    int32_t batch, int32_t q_len, int32_t num_q_heads, float softmax_scale,
+                    void* workspace, size_t ws_bytes, tq_stream stream) {
+  AttnArgs a{};
+  TQ_TRY(make_cache_view(cache, &a.cache));
+  if (!q || !out || !kv_lens)
+    return fail(TQ_ERR_NULL_POINTER, "%s: q, out and kv_lens must not be NULL", name);
+  if (batch < 1 || q_len < 1 || q_len > max_q_len)
+    return fail(TQ_ERR_BAD_LENGTH, "%s: batch %d must be >= 1 and q_len %d in 1..%d", name, batch,
+                q_len, max_q_len);
+  const int heads = a.cache.num_kv_heads;
+  if (num_q_heads < heads || num_q_heads % heads || num_q_heads / heads > TQ_MAX_GQA_GROUP)
+    return fail(TQ_ERR_INVALID_ARGUMENT, "%s: num_q_heads %d must be 1 to %d times num_kv_heads %d",
+                name, num_q_heads, TQ_MAX_GQA_GROUP, heads);
+  if (max_kv_len < 0 || int64_t(max_kv_len) > int64_t(a.cache.max_blocks) * a.cache.tokens)
+    return fail(TQ_ERR_BAD_LENGTH, "%s: max_kv_len %d lies beyond the block table (%d blocks of %d "
+                "tokens)", name, max_kv_len, a.cache.max_blocks, a.cache.tokens);
+  if (dtype != TQ_FP16 && dtype != TQ_BF16)
+    return fail(TQ_ERR_INVALID_ARGUMENT, "%s: dtype %d is neither TQ_FP16 nor TQ_BF16", name, int(dtype));
+  if (!(softmax_scale > 0.0f) || !std::isfinite(softmax_scale))
+    return fail(TQ_ERR_INVALID_ARGUMENT, "%s: softmax_scale must be positive and finite", name);
+  const int d = a.cache.codec[0].head_dim;
+  const SplitPlan sp = plan_splits(batch, q_len, num_q_heads / heads, heads, max_kv_len);
+  const size_t need = workspace_bytes(sp, batch, heads, d);
+  if (!workspace || ws_bytes < need)
+    return fail(TQ_ERR_WORKSPACE, "%s: the workspace needs %zu bytes, got %zu%s", name, need,
+                ws_bytes, workspace ? "" : " (NULL)");
+  if (reinterpret_cast<uintptr_t>(workspace) % 16)
+    return fail(TQ_ERR_MISALIGNED, "%s: the workspace must be 16-byte aligned", name);
+  a.tile[0] = relayout(a.cache.codec[0], kTile);
+  a.tile[1] = relayout(a.cache.codec[1], kTile);
+  a.q = q;
+  a.out = out;
+  a.kv_lens = kv_lens;
+  a.max_kv_len = max_kv_len;
+  a.q_len = q_len;
+  a.group = num_q_heads / heads;
+  a.num_q_heads = num_q_heads;
+  a.rows = q_len * a.group;
+  a.row_tiles = sp.row_tiles;
+  a.num_splits = sp.num_splits;
+  a.split_tokens = sp.split_tokens;
+  a.q_scale = softmax_scale * kLog2e;
+  const size_t slots = size_t(batch) * heads * sp.row_tiles * kRows * sp.num_splits;
+  a.ws_o = static_cast<float*>(workspace);
+  a.ws_ml = reinterpret_cast<float2*>(a.ws_o + slots * d);
+  cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+  if (d == 128) return dtype == TQ_FP16 ? launch<128, __half>(a, batch, s) : launch<128, __nv_bfloat16>(a, batch, s);
+  return dtype == TQ_FP16 ? launch<64, __half>(a, batch, s) : launch<64, __nv_bfloat16>(a, batch, s);
+}
+
+}  // namespace
+}  // namespace tq
+
+extern "C" size_t tq_attention_workspace_bytes(int32_t batch, int32_t q_len, int32_t num_q_heads,
+                                               int32_t num_kv_heads, int32_t head_dim,
+                                               int32_t max_kv_len) {
+  if (batch < 1 || q_len < 1 || num_kv_heads < 1 || num_q_heads < num_kv_heads || head_dim < 1)
+    return 0;
+  const tq::SplitPlan p = tq::plan_splits(batch, q_len, num_q_heads / num_kv_heads, num_kv_heads,
+                                          std::max(0, max_kv_len));
+  return tq::workspace_bytes(p, batch, num_kv_heads, head_dim);
+}
+
+extern "C" tq_status tq_decode_attention(const tq_paged_cache* cache, const void* q, void* out,
+                                         tq_dtype dtype, const int32_t* kv_lens, int32_t max_kv_len,
+                                         int32_t batch, int32_t q_len, int32_t num_q_heads,
+                                         float softmax_scale, void* workspace,
+                                         size_t workspace_bytes, tq_stream stream) {
+  return tq::attention("decode_attention", TQ_MAX_DECODE_Q_LEN, cache, q, out, dtype, kv_lens,
+                       max_kv_len, batch, q_len, num_q_heads, softmax_scale, workspace,
+                       workspace_bytes, stream);
+}
+
+extern "C" tq_status tq_prefill_attention(const tq_paged_cache* cache, const void* q, void* out,
+                                          tq_dtype dtype, const int32_t* kv_lens,
+                                          int32_t max_kv_len, int32_t batch, int32_t q_len,
+                                          int32_t num_q_heads, float softmax_scale,
+                                          void* workspace, size_t workspace_bytes,
+                                          tq_stream stream) {
+  return tq::attention("prefill_attention", 1 << 20, cache, q, out, dtype, kv_lens, max_kv_len,
+                       batch, q_len, num_q_heads, softmax_scale, workspace, workspace_bytes,
+                       stream);
+}

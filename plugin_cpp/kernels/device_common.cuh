@@ -1,0 +1,110 @@
+// device_common.cuh: small device helpers shared by every kernel: the rotation sign hash,
+// activation loads/stores, code extraction from a page, and the warp-level Walsh-Hadamard transform.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "layout.h"
+
+namespace tq {
+
+// FORMAT.md section 4: sign of permuted coordinate j is -1 when mix32(seed, j) is odd.
+__host__ __device__ inline uint32_t mix32(uint32_t seed, uint32_t j) {
+  uint32_t h = seed * 0x9E3779B9u + j * 0x85EBCA6Bu + 0x27D4EB2Fu;
+  h ^= h >> 16;
+  h *= 0x7FEB352Du;
+  h ^= h >> 15;
+  h *= 0x846CA68Bu;
+  h ^= h >> 16;
+  return h;
+}
+
+__device__ inline float rotation_sign(uint32_t seed, int j) {
+  return (mix32(seed, j) & 1u) ? -1.0f : 1.0f;
+}
+
+__device__ inline float to_float(__half x) { return __half2float(x); }
+__device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ inline T from_float(float x);
+template <> __device__ inline __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// The channel that permuted coordinate j reads (perm may be null: identity).
+__device__ inline int channel_of(const CodecLayout& l, int head, int j) {
+  return l.perm ? l.perm[head * l.head_dim + j] : j;
+}
+__device__ inline float mean_of(const CodecLayout& l, int head, int ch) {
+  return l.mean ? l.mean[head * l.head_dim + ch] : 0.0f;
+}
+__device__ inline float scale_of(const CodecLayout& l, int head, int ch) {
+  return l.scale ? l.scale[head * l.head_dim + ch] : 1.0f;
+}
+
+// The group holding permuted coordinate j.
+__device__ inline int group_index(const CodecLayout& l, int j) {
+  return (l.num_groups == 2 && j >= l.group[1].start) ? 1 : 0;
+}
+
+// Code of group coordinate i (0-based in the group) of the token in slot `slot` of `page`, laid
+// out by `l` (FORMAT.md section 3: plane words little-endian, low plane first).
+__device__ inline int code_at(const uint8_t* page, const CodecLayout& l, int g, int slot, int i) {
+  const GroupLayout& gl = l.group[g];
+  const uint32_t* lo =
+      reinterpret_cast<const uint32_t*>(page + gl.lo_off + slot * gl.lo_row_bytes);
+  const int bit = i * gl.lo_bits;
+  int code = (lo[bit >> 5] >> (bit & 31)) & ((1u << gl.lo_bits) - 1);
+  if (gl.hi_off >= 0) {
+    const uint32_t* hi =
+        reinterpret_cast<const uint32_t*>(page + gl.hi_off + slot * gl.hi_row_bytes);
+    code |= ((hi[i >> 5] >> (i & 31)) & 1u) << 2;
+  }
+  return code;
+}
+
+__device__ inline float norm_at(const uint8_t* page, const CodecLayout& l, int g, int slot) {
+  return __half2float(reinterpret_cast<const __half*>(page + l.norm_off)[g * l.tokens + slot]);
+}
+
+// In-place H x / sqrt(n) (Sylvester order) over n consecutive coordinates held by a warp, E per
+// lane (lane L holds coordinates L*E .. L*E+E-1). Groups of n coordinates occupy aligned runs of
+// n/E lanes, so every group of the vector is transformed at once and independently.
+template <int E>
+__device__ inline void warp_fwht(float (&x)[E], int n) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int h = 1; h < E; h <<= 1) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      if (!(e & h)) {
+        const float a = x[e], b = x[e + h];
+        x[e] = a + b;
+        x[e + h] = a - b;
+      }
+    }
+  }
+  for (int h = E; h < n; h <<= 1) {
+    const int lanes = h / E;
+    const bool upper = lane & lanes;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const float other = __shfl_xor_sync(0xffffffffu, x[e], lanes);
+      x[e] = upper ? other - x[e] : x[e] + other;
+    }
+  }
+  const float inv = 1.0f / sqrtf(float(n));
+#pragma unroll
+  for (int e = 0; e < E; ++e) x[e] *= inv;
+}
+
+// Sum over the n/E lanes of one group (n coordinates, E per lane).
+__device__ inline float group_sum(float v, int lanes_per_group) {
+  for (int o = 1; o < lanes_per_group; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+}  // namespace tq

@@ -1,0 +1,39 @@
+// errors.cpp: tq_last_error and the format-version check.
+#include "errors.h"
+
+#include <cstdarg>
+#include <cstdio>
+
+namespace {
+thread_local char last_error[512] = "";
+}
+
+namespace tq {
+
+tq_status fail(tq_status status, const char* format, ...) {
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(last_error, sizeof(last_error), format, args);
+  va_end(args);
+  return status;
+}
+
+tq_status check_launch(const char* what) {
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess)
+    return fail(TQ_ERR_CUDA, "%s: CUDA launch failed: %s", what, cudaGetErrorString(err));
+  return TQ_OK;
+}
+
+}  // namespace tq
+
+extern "C" const char* tq_last_error(void) { return last_error; }
+
+extern "C" tq_status tq_check_format_version(int32_t version) {
+  if (version != TQ_FORMAT_VERSION)
+    return tq::fail(TQ_ERR_FORMAT_VERSION,
+                    "packed cache format version %d is not readable by this tq_kernels library, "
+                    "which reads version %d; rebuild the engine or tables with this version",
+                    version, TQ_FORMAT_VERSION);
+  return TQ_OK;
+}

@@ -1,0 +1,37 @@
+// mma.cuh: the warp-level tensor-core product (mma.sync m16n8k16, fp16 in, fp32 accumulate) and
+// cp.async, as the attention kernels use them. Fragment layouts: PTX ISA, "Matrix Fragments for
+// mma.m16n8k16": lane = 4 * groupID + tig; A a0 (row groupID, cols 2tig..+1), a1 (row +8),
+// a2 (cols +8), a3 (both); B b0 (k 2tig..+1, n groupID), b1 (k +8); C c0,c1 (row groupID,
+// cols 2tig..+1), c2,c3 (row +8).
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace tq {
+
+__device__ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ inline uint32_t pack_half2(__half lo, __half hi) {
+  return uint32_t(__half_as_ushort(lo)) | (uint32_t(__half_as_ushort(hi)) << 16);
+}
+__device__ inline uint32_t pack_float2(float lo, float hi) {
+  return pack_half2(__float2half_rn(lo), __float2half_rn(hi));
+}
+
+__device__ inline void cp_async_16(void* smem, const void* gmem) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem));
+}
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ inline void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+}  // namespace tq

@@ -1,0 +1,82 @@
+// Host-side check of tile_decode.cuh: decode_pairs (register look-up tables) gives, in
+// run_slot_coord order, the centroid of every code that CodeRun::code extracts. Runs on the CPU
+// (byte_perm has a host form), so CI checks the bit tricks without a GPU.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "../tile_decode.cuh"
+
+namespace {
+
+uint16_t half_bits(float x) {
+  const __half h = __float2half(x);
+  uint16_t b;
+  std::memcpy(&b, &h, 2);
+  return b;
+}
+
+template <int BITS, int CNT>
+int check(unsigned seed) {
+  // A 16-token tile of one group of 4 * CNT or 8 * CNT coordinates: take n = 8 * CNT (any part).
+  constexpr int n = 8 * CNT;
+  tq::GroupLayout g{};
+  g.dim = n;
+  g.bits = BITS;
+  g.lo_bits = BITS == 3 ? 2 : BITS;
+  g.lo_row_bytes = n * g.lo_bits / 8;
+  g.lo_off = 0;
+  g.hi_row_bytes = BITS == 3 ? n / 8 : 0;
+  g.hi_off = BITS == 3 ? 16 * g.lo_row_bytes : -1;
+  std::vector<uint8_t> tile(16 * (g.lo_row_bytes + g.hi_row_bytes) + 16);
+  srand(seed);
+  for (auto& b : tile) b = uint8_t(rand());
+  tq::ByteTables t{};
+  uint16_t centroid[16];
+  for (int k = 0; k < 16; ++k) {
+    centroid[k] = half_bits(0.01f * float(k * k) - 0.7f + 0.001f * float(rand() % 100));
+    t.lo[k / 4] |= uint32_t(centroid[k] & 0xff) << (8 * (k % 4));
+    t.hi[k / 4] |= uint32_t(centroid[k] >> 8) << (8 * (k % 4));
+  }
+  int bad = 0;
+  for (int row = 0; row < 16; ++row)
+    for (int part = 0; part < 8; ++part) {
+      tq::CodeRun<BITS, CNT> run;
+      run.load(tile.data(), g, row, part);
+      uint32_t pairs[CNT / 2];
+      tq::decode_pairs(run, t, pairs);
+      for (int k = 0; k < CNT; ++k) {
+        const int i = tq::run_slot_coord(BITS, CNT, k);
+        const uint16_t got = uint16_t(pairs[k / 2] >> (16 * (k % 2)));
+        // the code straight from the page bytes (FORMAT.md section 3)
+        const int coord = part * CNT + i;
+        const int lo_bit = coord * g.lo_bits;
+        const uint8_t* lo_row = tile.data() + g.lo_off + row * g.lo_row_bytes;
+        uint32_t word;
+        std::memcpy(&word, lo_row + 4 * (lo_bit / 32), 4);
+        int code = (word >> (lo_bit % 32)) & ((1 << g.lo_bits) - 1);
+        if (BITS == 3) {
+          std::memcpy(&word, tile.data() + g.hi_off + row * g.hi_row_bytes + 4 * (coord / 32), 4);
+          code |= ((word >> (coord % 32)) & 1) << 2;
+        }
+        if (got != centroid[code] || int(run.code(i)) != code) ++bad;
+      }
+    }
+  if (bad) std::printf("FAIL bits %d run %d: %d wrong centroids\n", BITS, CNT, bad);
+  return bad;
+}
+
+}  // namespace
+
+int main() {
+  int bad = 0;
+  for (unsigned seed = 1; seed <= 3; ++seed) {
+    bad += check<1, 4>(seed) + check<1, 8>(seed) + check<1, 16>(seed) + check<1, 32>(seed);
+    bad += check<2, 4>(seed) + check<2, 8>(seed) + check<2, 16>(seed) + check<2, 32>(seed);
+    bad += check<3, 4>(seed) + check<3, 8>(seed) + check<3, 16>(seed) + check<3, 32>(seed);
+    bad += check<4, 4>(seed) + check<4, 8>(seed) + check<4, 16>(seed) + check<4, 32>(seed);
+  }
+  std::printf(bad ? "tile_decode_test: FAILED\n" : "tile_decode_test: ok\n");
+  return bad ? 1 : 0;
+}

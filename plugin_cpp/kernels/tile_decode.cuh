@@ -1,0 +1,167 @@
+// tile_decode.cuh: fp16 centroids of a run of codes of one token, read from a staged tile (a
+// 16-token page in shared memory, laid out like any page: FORMAT.md section 5 with T = 16).
+// A thread decodes CNT consecutive coordinates of one group, starting at group coordinate
+// part * CNT: it loads the run's raw plane words (CodeRun::load), then turns them into fp16
+// centroid pairs with register look-up tables (decode_pairs), about 1.5 instructions per code.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include <type_traits>
+
+#include "layout.h"
+
+namespace tq {
+
+// The NW 32-bit words holding the bits that start at bit `first_bit` of a plane row, shifted so
+// that the first wanted bit is bit 0 of word 0. Runs of 2 or 4 words are 8 or 16-byte aligned by
+// the format (whole rows of whole words, T a multiple of 16).
+template <int NW>
+__host__ __device__ inline void load_plane_bits(const uint8_t* row, int first_bit, uint32_t (&w)[NW]) {
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(row) + (first_bit >> 5);
+  if constexpr (NW == 4) {
+    const uint4 v = *reinterpret_cast<const uint4*>(words);
+    w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+  } else if constexpr (NW == 2) {
+    const uint2 v = *reinterpret_cast<const uint2*>(words);
+    w[0] = v.x; w[1] = v.y;
+  } else {
+    w[0] = words[0] >> (first_bit & 31);  // a run of at most one word
+  }
+}
+
+template <int BITS, int CNT>
+struct CodeRun {
+  static constexpr int kLowBits = BITS == 3 ? 2 : BITS;  // 3-bit codes: 2-bit plane + 1-bit plane
+  static constexpr int kLowWords = (CNT * kLowBits + 31) / 32;
+  uint32_t lo[kLowWords];
+  uint32_t hi[1];  // used by 3-bit codes only (CNT <= 32)
+
+  __host__ __device__ inline void load(const uint8_t* tile, const GroupLayout& g, int row, int part) {
+    load_plane_bits<kLowWords>(tile + g.lo_off + row * g.lo_row_bytes, part * CNT * kLowBits, lo);
+    if constexpr (BITS == 3)
+      load_plane_bits<1>(tile + g.hi_off + row * g.hi_row_bytes, part * CNT, hi);
+  }
+  // Code of run coordinate i (tests and reference paths; the kernels use decode_pairs).
+  __host__ __device__ inline uint32_t code(int i) const {
+    uint32_t c = (lo[i * kLowBits / 32] >> (i * kLowBits % 32)) & ((1u << kLowBits) - 1);
+    if constexpr (BITS == 3) c |= ((hi[0] >> i) & 1u) << 2;
+    return c;
+  }
+};
+
+// --- Register look-up tables: codes -> fp16 centroids with byte permutes (prmt), no memory. ---
+// A codebook of up to 16 fp16 centroids is held as two byte planes: lo[w] has the low bytes of
+// centroids 4w..4w+3, hi[w] the high bytes. prmt picks 4 bytes out of 8 by 4 selector nibbles, so
+// a selector whose nibbles are 4 codes (< 8) yields their 4 low bytes from (lo[0], lo[1]) and their
+// 4 high bytes from (hi[0], hi[1]); two more prmt interleave them into 2 fp16 pairs.
+struct ByteTables {
+  uint32_t lo[4];
+  uint32_t hi[4];
+};
+
+__host__ __device__ inline uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t s) {
+#ifdef __CUDA_ARCH__
+  return __byte_perm(a, b, s);
+#else
+  const uint64_t v = (uint64_t(b) << 32) | a;
+  uint32_t r = 0;
+  for (int k = 0; k < 4; ++k) r |= uint32_t((v >> (8 * ((s >> (4 * k)) & 7))) & 0xff) << (8 * k);
+  return r;
+#endif
+}
+
+// Centroids of the codes in the 4 low nibbles of `sel`, as fp16 pairs (code0, code1), (code2, code3).
+template <int BITS>
+__host__ __device__ inline void lookup4(uint32_t sel, const ByteTables& t, uint32_t& v01,
+                                        uint32_t& v23) {
+  uint32_t lo, hi;
+  if constexpr (BITS == 4) {  // nibble bit 3 would mean "sign fill" to prmt: pick by it instead
+    const uint32_t low3 = sel & 0x7777u;
+    const uint32_t upper = byte_perm(0u, 0xffffffffu, (sel >> 1) & 0x4444u);  // 0xff: code >= 8
+    lo = (byte_perm(t.lo[0], t.lo[1], low3) & ~upper) | (byte_perm(t.lo[2], t.lo[3], low3) & upper);
+    hi = (byte_perm(t.hi[0], t.hi[1], low3) & ~upper) | (byte_perm(t.hi[2], t.hi[3], low3) & upper);
+  } else {
+    lo = byte_perm(t.lo[0], t.lo[1], sel);
+    hi = byte_perm(t.hi[0], t.hi[1], sel);
+  }
+  v01 = byte_perm(lo, hi, 0x5140u);
+  v23 = byte_perm(lo, hi, 0x7362u);
+}
+
+// Bit k of a 16-bit value moved to bit 2k.
+__host__ __device__ inline uint32_t spread_bits_2(uint32_t x) {
+  x = byte_perm(x, 0u, 0x4140u);
+  x = (x | (x << 4)) & 0x0f0f0f0fu;
+  x = (x | (x << 2)) & 0x33333333u;
+  return (x | (x << 1)) & 0x55555555u;
+}
+
+// Which run coordinate sits in decode_pairs' slot k (pair k / 2, half k % 2). 2- and 3-bit runs
+// come out evens-then-odds per block of up to 16 codes (their nibble masks split even and odd
+// codes); 1- and 4-bit runs in order. The query (keys) and the output (values) use the same map.
+__host__ __device__ inline int run_slot_coord(int bits, int cnt, int k) {
+  if (bits != 2 && bits != 3) return k;
+  const int c = cnt < 16 ? cnt : 16;
+  const int r = k % c;
+  return k - r + (r < c / 2 ? 2 * r : 2 * (r - c / 2) + 1);
+}
+
+// The run's CNT centroids as CNT / 2 fp16 pairs, in run_slot_coord order.
+template <int BITS, int CNT>
+__host__ __device__ inline void decode_pairs(const CodeRun<BITS, CNT>& run, const ByteTables& t,
+                                             uint32_t (&out)[CNT / 2]) {
+  if constexpr (BITS == 4) {
+#pragma unroll
+    for (int q = 0; q < CNT / 4; ++q)
+      lookup4<4>(run.lo[q / 2] >> (16 * (q % 2)), t, out[2 * q], out[2 * q + 1]);
+  } else if constexpr (BITS == 1) {
+#pragma unroll
+    for (int q = 0; q < CNT / 4; ++q) {
+      const uint32_t b = (run.lo[0] >> (4 * q)) & 0xfu;
+      const uint32_t sel = (b & 1u) | ((b & 2u) << 3) | ((b & 4u) << 6) | ((b & 8u) << 9);
+      lookup4<1>(sel, t, out[2 * q], out[2 * q + 1]);
+    }
+  } else {
+    constexpr int C = CNT < 16 ? CNT : 16;  // codes per block (one 32-bit low-plane word at most)
+    constexpr uint32_t kMask = C == 16 ? 0xffffffffu : (1u << (2 * C)) - 1u;
+#pragma unroll
+    for (int blk = 0; blk < CNT / C; ++blk) {
+      const uint32_t w = run.lo[blk];
+      uint32_t even = w & 0x33333333u & kMask;         // nibble n: low bits of code 2n
+      uint32_t odd = (w >> 2) & 0x33333333u & kMask;   // nibble n: low bits of code 2n + 1
+      if constexpr (BITS == 3) {
+        const uint32_t h = spread_bits_2((run.hi[0] >> (16 * blk)) & ((1u << C) - 1u));
+        even |= (h << 2) & 0x44444444u;  // high bit of code 2n at nibble n bit 2
+        odd |= h & 0x44444444u;          // high bit of code 2n + 1
+      }
+      uint32_t* o = out + blk * (C / 2);
+      if constexpr (C >= 8) {
+#pragma unroll
+        for (int half = 0; half < C / 8; ++half) {
+          lookup4<BITS>(even >> (16 * half), t, o[2 * half], o[2 * half + 1]);
+          lookup4<BITS>(odd >> (16 * half), t, o[C / 4 + 2 * half], o[C / 4 + 2 * half + 1]);
+        }
+      } else {  // 4 codes: one pair from the even codes, one from the odd
+        uint32_t unused;
+        lookup4<BITS>(even, t, o[0], unused);
+        lookup4<BITS>(odd, t, o[1], unused);
+      }
+    }
+  }
+}
+
+// Calls f(std::integral_constant<int, bits>) for a runtime width (uniform across the warp).
+template <typename F>
+__device__ inline void with_bits(int bits, F&& f) {
+  switch (bits) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    default: f(std::integral_constant<int, 4>{}); break;
+  }
+}
+
+}  // namespace tq

@@ -1,0 +1,225 @@
+#include "calib_table.h"
+
+#include "codec_layout.h"
+#include "tq/tq_kernels.h"
+
+#include <cmath>
+#include <cstring>
+
+namespace tq::plugin {
+
+namespace {
+
+constexpr char kMagic[4] = {'T', 'Q', 'C', 'T'};
+constexpr uint32_t kKnownFlags = kKeyMean | kKeyScale | kKeyPerm | kValueMean | kValueScale | kValuePerm;
+
+// Header field offsets (docs/PLUGIN.md); little-endian, as on every CUDA host.
+enum HeaderOffset : size_t {
+  kOffMagic = 0, kOffTableVersion = 4, kOffFormatVersion = 8, kOffHeaderBytes = 12,
+  kOffFingerprint = 16, kOffLayer = 24, kOffKvHeads = 28, kOffHeadDim = 32, kOffKeyWidth = 36,
+  kOffValueWidth = 40, kOffFlags = 44, kOffPayloadBytes = 48, kOffChecksum = 56, kOffReserved = 60,
+};
+
+uint32_t fnv1a(uint8_t const* p, size_t n) {
+  uint32_t h = 2166136261u;
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 16777619u;
+  return h;
+}
+
+template <typename T> T load(uint8_t const* base, size_t offset) {
+  T v;
+  std::memcpy(&v, base + offset, sizeof(T));
+  return v;
+}
+template <typename T> void store(std::vector<uint8_t>& out, size_t offset, T v) {
+  std::memcpy(out.data() + offset, &v, sizeof(T));
+}
+
+// The arrays in payload order, with the flag that marks each present.
+struct ArrayRef {
+  char const* name;
+  uint32_t flag;  // 0: always present
+  bool isKey;
+  int kind;       // 0 codebooks, 1 mean, 2 scale, 3 perm
+};
+constexpr ArrayRef kArrays[] = {
+    {"key codebooks", 0, true, 0},      {"value codebooks", 0, false, 0},
+    {"key mean", kKeyMean, true, 1},    {"key scale", kKeyScale, true, 2},
+    {"key perm", kKeyPerm, true, 3},    {"value mean", kValueMean, false, 1},
+    {"value scale", kValueScale, false, 2}, {"value perm", kValuePerm, false, 3},
+};
+
+size_t elementCount(ArrayRef const& a, CalibTable const& t) {
+  if (a.kind == 0) return codebookEntries(codecShape(a.isKey ? t.keyWidthX2 : t.valueWidthX2, t.headDim));
+  return size_t(t.numKvHeads) * t.headDim;
+}
+
+CalibSide& sideOf(CalibTable& t, bool isKey) { return isKey ? t.key : t.value; }
+CalibSide const& sideOf(CalibTable const& t, bool isKey) { return isKey ? t.key : t.value; }
+
+// The array `a` names inside a side, as raw 4-byte elements (float or int32).
+void const* arrayData(CalibSide const& s, int kind) {
+  switch (kind) {
+    case 0: return s.codebooks.data();
+    case 1: return s.mean.data();
+    case 2: return s.scale.data();
+    default: return s.perm.data();
+  }
+}
+void* arrayData(CalibSide& s, int kind) {
+  return const_cast<void*>(arrayData(static_cast<CalibSide const&>(s), kind));
+}
+size_t arraySize(CalibSide const& s, int kind) {
+  switch (kind) {
+    case 0: return s.codebooks.size();
+    case 1: return s.mean.size();
+    case 2: return s.scale.size();
+    default: return s.perm.size();
+  }
+}
+void arrayResize(CalibSide& s, int kind, size_t n) {
+  switch (kind) {
+    case 0: return s.codebooks.resize(n);
+    case 1: return s.mean.resize(n);
+    case 2: return s.scale.resize(n);
+    default: return s.perm.resize(n);
+  }
+}
+
+bool checkCodebooks(std::vector<float> const& c, tq_codec const& shape, std::string const& what,
+                    std::string& error) {
+  size_t at = 0;
+  for (int32_t g = 0; g < shape.num_groups; ++g) {
+    for (int32_t k = 0; k < codebookSize(shape, g); ++k, ++at) {
+      if (!std::isfinite(c[at]) || (k > 0 && !(c[at] > c[at - 1]))) {
+        error = what + " group " + std::to_string(g) + " is not finite and strictly ascending";
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+bool checkRows(CalibSide const& s, int32_t headDim, std::string const& what, std::string& error) {
+  for (size_t i = 0; i < s.mean.size(); ++i)
+    if (!std::isfinite(s.mean[i])) return error = what + " mean has a non-finite entry", false;
+  for (size_t i = 0; i < s.scale.size(); ++i)
+    if (!(std::isfinite(s.scale[i]) && s.scale[i] > 0.f))
+      return error = what + " scale has an entry that is not finite and positive", false;
+  for (size_t row = 0; row * headDim < s.perm.size(); ++row) {
+    std::vector<bool> seen(headDim, false);
+    for (int32_t j = 0; j < headDim; ++j) {
+      int32_t c = s.perm[row * headDim + j];
+      if (c < 0 || c >= headDim || seen[c])
+        return error = what + " perm of KV head " + std::to_string(row) +
+                       " is not a permutation of 0.." + std::to_string(headDim - 1), false;
+      seen[c] = true;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+bool parseCalibTable(void const* data, size_t bytes, CalibTable& table, std::string& error) {
+  auto const* p = static_cast<uint8_t const*>(data);
+  if (!p || bytes < kCalibTableHeaderBytes)
+    return error = "is " + std::to_string(bytes) + " bytes, shorter than its " +
+                   std::to_string(kCalibTableHeaderBytes) + "-byte header", false;
+  if (std::memcmp(p + kOffMagic, kMagic, 4) != 0)
+    return error = "does not start with the magic 'TQCT' (not a tq_trtllm calibration table)", false;
+  uint32_t version = load<uint32_t>(p, kOffTableVersion);
+  if (version != kCalibTableVersion)
+    return error = "has table version " + std::to_string(version) + "; this plugin reads version " +
+                   std::to_string(kCalibTableVersion), false;
+  int32_t formatVersion = int32_t(load<uint32_t>(p, kOffFormatVersion));
+  if (formatVersion != TQ_FORMAT_VERSION)
+    return error = "was made for packed cache format version " + std::to_string(formatVersion) +
+                   "; this plugin writes version " + std::to_string(TQ_FORMAT_VERSION), false;
+  if (load<uint32_t>(p, kOffHeaderBytes) != kCalibTableHeaderBytes || load<uint32_t>(p, kOffReserved) != 0)
+    return error = "has a malformed header (header size or reserved bytes)", false;
+
+  CalibTable t;
+  t.modelFingerprint = load<uint64_t>(p, kOffFingerprint);
+  t.layerIdx = load<int32_t>(p, kOffLayer);
+  t.numKvHeads = load<int32_t>(p, kOffKvHeads);
+  t.headDim = load<int32_t>(p, kOffHeadDim);
+  t.keyWidthX2 = load<int32_t>(p, kOffKeyWidth);
+  t.valueWidthX2 = load<int32_t>(p, kOffValueWidth);
+  uint32_t flags = load<uint32_t>(p, kOffFlags);
+  if (t.headDim != 64 && t.headDim != 128)
+    return error = "has head_dim " + std::to_string(t.headDim) + "; supported: 64, 128", false;
+  if (t.numKvHeads <= 0 || t.layerIdx < 0)
+    return error = "has a non-positive KV head count or a negative layer index", false;
+  for (int32_t w : {t.keyWidthX2, t.valueWidthX2})
+    if (!isSupportedWidthX2(w))
+      return error = "has width " + std::to_string(w / 2.0) + "; supported: " + supportedWidthsText(), false;
+  if (flags & ~kKnownFlags) return error = "sets flag bits this plugin does not know", false;
+
+  uint64_t payload = load<uint64_t>(p, kOffPayloadBytes);
+  uint64_t expected = 0;
+  for (ArrayRef const& a : kArrays)
+    if (!a.flag || (flags & a.flag)) expected += elementCount(a, t) * 4;
+  if (payload != expected || bytes != kCalibTableHeaderBytes + payload)
+    return error = "holds " + std::to_string(bytes - kCalibTableHeaderBytes) +
+                   " payload bytes where its header and shapes call for " + std::to_string(expected), false;
+  if (fnv1a(p + kCalibTableHeaderBytes, payload) != load<uint32_t>(p, kOffChecksum))
+    return error = "fails its checksum (corrupt or truncated)", false;
+
+  size_t at = kCalibTableHeaderBytes;
+  for (ArrayRef const& a : kArrays) {
+    if (a.flag && !(flags & a.flag)) continue;
+    size_t n = elementCount(a, t);
+    CalibSide& s = sideOf(t, a.isKey);
+    arrayResize(s, a.kind, n);
+    std::memcpy(arrayData(s, a.kind), p + at, n * 4);
+    at += n * 4;
+  }
+  for (bool isKey : {true, false}) {
+    std::string what = isKey ? "key" : "value";
+    int32_t widthX2 = isKey ? t.keyWidthX2 : t.valueWidthX2;
+    CalibSide const& s = sideOf(t, isKey);
+    if (!s.perm.empty() && widthX2 % 2 == 0)
+      return error = "has a " + what + " perm, but integer width " + widthText(widthX2) +
+                     " has one group and no outlier channels", false;
+    if (!checkCodebooks(s.codebooks, codecShape(widthX2, t.headDim), what + " codebook", error) ||
+        !checkRows(s, t.headDim, what, error))
+      return false;
+  }
+  table = std::move(t);
+  return true;
+}
+
+std::vector<uint8_t> serializeCalibTable(CalibTable const& t) {
+  uint32_t flags = 0;
+  size_t payload = 0;
+  for (ArrayRef const& a : kArrays) {
+    size_t n = arraySize(sideOf(t, a.isKey), a.kind);
+    if (a.flag && n) flags |= a.flag;
+    payload += n * 4;
+  }
+  std::vector<uint8_t> out(kCalibTableHeaderBytes + payload, 0);
+  std::memcpy(out.data() + kOffMagic, kMagic, 4);
+  store<uint32_t>(out, kOffTableVersion, kCalibTableVersion);
+  store<uint32_t>(out, kOffFormatVersion, TQ_FORMAT_VERSION);
+  store<uint32_t>(out, kOffHeaderBytes, kCalibTableHeaderBytes);
+  store<uint64_t>(out, kOffFingerprint, t.modelFingerprint);
+  store<int32_t>(out, kOffLayer, t.layerIdx);
+  store<int32_t>(out, kOffKvHeads, t.numKvHeads);
+  store<int32_t>(out, kOffHeadDim, t.headDim);
+  store<int32_t>(out, kOffKeyWidth, t.keyWidthX2);
+  store<int32_t>(out, kOffValueWidth, t.valueWidthX2);
+  store<uint32_t>(out, kOffFlags, flags);
+  store<uint64_t>(out, kOffPayloadBytes, payload);
+  size_t at = kCalibTableHeaderBytes;
+  for (ArrayRef const& a : kArrays) {
+    CalibSide const& side = sideOf(t, a.isKey);
+    size_t n = arraySize(side, a.kind);
+    if (n) std::memcpy(out.data() + at, arrayData(side, a.kind), n * 4);
+    at += n * 4;
+  }
+  store<uint32_t>(out, kOffChecksum, fnv1a(out.data() + kCalibTableHeaderBytes, payload));
+  return out;
+}
+
+}  // namespace tq::plugin

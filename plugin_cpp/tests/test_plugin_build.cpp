@@ -1,0 +1,508 @@
+// test_plugin_build.cpp: the plugin's build-time behaviour and field handling, on the CPU, with no
+// libnvinfer and no GPU (the kernel library is replaced by fake_tq_kernels.cpp).
+// Covers: creation from fields and the serialize -> recreate round trip, refusal of every kind of
+// bad field with a message naming it, the calibration table format, output types and shapes,
+// supported formats, workspace size, pool arithmetic and the batch plan.
+#include "batch_plan.h"
+#include "calib_table.h"
+#include "io_layout.h"
+#include "plugin_creator.h"
+#include "plugin_log.h"
+#include "plugin_shapes.h"
+#include "quantized_attention_plugin.h"
+
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+using namespace nvinfer1;
+using namespace tq::plugin;
+
+extern "C" IPluginCreatorInterface* const* getCreators(int32_t& nbCreators);
+
+namespace {
+
+int gFailures = 0;
+#define CHECK(cond)                                                         \
+  do {                                                                      \
+    if (!(cond)) {                                                          \
+      std::printf("FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);           \
+      ++gFailures;                                                          \
+    }                                                                       \
+  } while (0)
+
+// Captures what the plugin logs, to check that a refusal names the field.
+class CapturingLogger : public ILogger {
+ public:
+  void log(Severity, AsciiChar const* msg) noexcept override { last = msg; }
+  std::string last;
+};
+CapturingLogger gLogger;
+
+constexpr int32_t kHq = 8, kHkv = 2, kD = 128, kLayer = 3, kT = 64;
+constexpr int64_t kFingerprint = 0x1234567890abcdefLL;
+
+CalibTable makeTable(int32_t keyX2 = 6, int32_t valueX2 = 7) {
+  CalibTable t;
+  t.modelFingerprint = uint64_t(kFingerprint);
+  t.layerIdx = kLayer;
+  t.numKvHeads = kHkv;
+  t.headDim = kD;
+  t.keyWidthX2 = keyX2;
+  t.valueWidthX2 = valueX2;
+  auto codebooks = [](int32_t x2) {
+    std::vector<float> c;
+    tq_codec shape{};
+    shape.num_groups = x2 % 2 ? 2 : 1;
+    int32_t bits[2] = {x2 % 2 ? x2 / 2 + 1 : x2 / 2, x2 / 2};
+    for (int32_t g = 0; g < shape.num_groups; ++g)
+      for (int32_t k = 0; k < (1 << bits[g]); ++k) c.push_back(-1.f + 2.f * (k + 0.5f) / (1 << bits[g]));
+    return c;
+  };
+  t.key.codebooks = codebooks(keyX2);
+  t.value.codebooks = codebooks(valueX2);
+  t.key.mean.assign(kHkv * kD, 0.25f);
+  t.key.scale.assign(kHkv * kD, 1.5f);
+  if (valueX2 % 2) {
+    for (int32_t h = 0; h < kHkv; ++h)
+      for (int32_t j = 0; j < kD; ++j) t.value.perm.push_back((j * 5 + h) % kD);  // 5 is odd: a permutation
+  }
+  return t;
+}
+
+// A complete, valid field set; `tweak` edits it before the collection is made.
+struct FieldSet {
+  int32_t ints[7] = {kHq, kHkv, kD, kLayer, kT, int32_t(0x9E3779B9u), 2};
+  float keyWidth = 3.f, valueWidth = 3.5f, ropeBase = 500000.f, factor = 8.f, low = 1.f, high = 4.f;
+  int32_t origMax = 8192;
+  int64_t fingerprint = kFingerprint;
+  std::vector<uint8_t> table = serializeCalibTable(makeTable());
+  std::vector<PluginField> fields;
+  PluginFieldCollection fc{};
+
+  FieldSet() {
+    fields = {
+        {"num_q_heads", &ints[0], PluginFieldType::kINT32, 1},
+        {"num_kv_heads", &ints[1], PluginFieldType::kINT32, 1},
+        {"head_dim", &ints[2], PluginFieldType::kINT32, 1},
+        {"layer_idx", &ints[3], PluginFieldType::kINT32, 1},
+        {"tokens_per_block", &ints[4], PluginFieldType::kINT32, 1},
+        {"rotation_seed", &ints[5], PluginFieldType::kINT32, 1},
+        {"key_width", &keyWidth, PluginFieldType::kFLOAT32, 1},
+        {"value_width", &valueWidth, PluginFieldType::kFLOAT32, 1},
+        {"model_fingerprint", &fingerprint, PluginFieldType::kINT64, 1},
+        {"rope_base", &ropeBase, PluginFieldType::kFLOAT32, 1},
+        {"rope_scaling_type", &ints[6], PluginFieldType::kINT32, 1},
+        {"rope_scaling_factor", &factor, PluginFieldType::kFLOAT32, 1},
+        {"rope_low_freq_factor", &low, PluginFieldType::kFLOAT32, 1},
+        {"rope_high_freq_factor", &high, PluginFieldType::kFLOAT32, 1},
+        {"rope_original_max_positions", &origMax, PluginFieldType::kINT32, 1},
+        {"calibration_table", nullptr, PluginFieldType::kUNKNOWN, 0},
+    };
+  }
+  PluginField* field(char const* name) {
+    for (PluginField& f : fields)
+      if (std::strcmp(f.name, name) == 0) return &f;
+    return nullptr;
+  }
+  void remove(char const* name) {
+    for (size_t i = 0; i < fields.size(); ++i)
+      if (std::strcmp(fields[i].name, name) == 0) fields.erase(fields.begin() + i);
+  }
+  PluginFieldCollection const* collection() {
+    if (PluginField* t = field("calibration_table")) {
+      t->data = table.data();
+      t->length = int32_t(table.size());
+    }
+    fc.nbFields = int32_t(fields.size());
+    fc.fields = fields.data();
+    return &fc;
+  }
+};
+
+IPluginCreatorV3One& creator() {
+  int32_t n = 0;
+  IPluginCreatorInterface* const* creators = getCreators(n);
+  CHECK(n == 1);
+  return *static_cast<IPluginCreatorV3One*>(creators[0]);
+}
+
+std::unique_ptr<QuantizedAttentionPlugin> create(PluginFieldCollection const* fc, TensorRTPhase phase) {
+  return std::unique_ptr<QuantizedAttentionPlugin>(
+      static_cast<QuantizedAttentionPlugin*>(creator().createPlugin("layer", fc, phase)));
+}
+
+void testCreatorIdentity() {
+  IPluginCreatorV3One& c = creator();
+  CHECK(std::string(c.getPluginName()) == "QuantizedAttention");
+  CHECK(std::string(c.getPluginNamespace()) == "tq");
+  CHECK(std::string(c.getPluginVersion()) == "1");
+  CHECK(c.getFieldNames()->nbFields == 16);
+}
+
+void testCreateSerializeRecreate() {
+  FieldSet fs;
+  auto built = create(fs.collection(), TensorRTPhase::kBUILD);
+  CHECK(built != nullptr);
+  if (!built) return;
+  CHECK(built->getCapabilityInterface(PluginCapabilityType::kCORE) != nullptr);
+  PluginFieldCollection const* saved = built->getFieldsToSerialize();
+  CHECK(saved->nbFields == 16);
+  // Recreate in the runtime phase from a deep copy of the serialized fields, as an engine would.
+  std::vector<std::vector<uint8_t>> storage;
+  std::vector<std::string> names;
+  std::vector<PluginField> copy;
+  for (int32_t i = 0; i < saved->nbFields; ++i) {
+    PluginField const& f = saved->fields[i];
+    size_t bytes = f.type == PluginFieldType::kUNKNOWN ? f.length : f.type == PluginFieldType::kINT64 ? 8 : 4;
+    auto const* p = static_cast<uint8_t const*>(f.data);
+    storage.emplace_back(p, p + bytes);
+    names.emplace_back(f.name);
+  }
+  for (size_t i = 0; i < storage.size(); ++i)
+    copy.emplace_back(names[i].c_str(), storage[i].data(), saved->fields[i].type, saved->fields[i].length);
+  PluginFieldCollection fc{int32_t(copy.size()), copy.data()};
+  auto restored = create(&fc, TensorRTPhase::kRUNTIME);
+  CHECK(restored != nullptr);
+  if (!restored) return;
+  PluginConfig const& a = built->config();
+  PluginConfig const& b = restored->config();
+  CHECK(a.numQHeads == b.numQHeads && a.numKvHeads == b.numKvHeads && a.headDim == b.headDim);
+  CHECK(a.layerIdx == b.layerIdx && a.tokensPerBlock == b.tokensPerBlock);
+  CHECK(a.keyWidthX2 == 6 && b.keyWidthX2 == 6 && a.valueWidthX2 == 7 && b.valueWidthX2 == 7);
+  CHECK(uint32_t(b.rotationSeed) == 0x9E3779B9u && b.modelFingerprint == kFingerprint);
+  CHECK(b.rope.scaling == TQ_ROPE_SCALING_LLAMA3 && b.rope.factor == 8.f && b.rope.original_max_positions == 8192);
+  CHECK(a.tableBytes == b.tableBytes);
+  CHECK(b.table.value.perm.size() == size_t(kHkv * kD) && b.table.key.mean.size() == size_t(kHkv * kD));
+  // clone carries the same fields
+  std::unique_ptr<IPluginV3> cloned(restored->clone());
+  auto* c = static_cast<QuantizedAttentionPlugin*>(cloned.get());
+  CHECK(c && c->config().tableBytes == a.tableBytes);
+}
+
+void testCalibTableRoundTrip() {
+  CalibTable t = makeTable(7, 4);
+  t.key.perm.clear();
+  for (int32_t h = 0; h < kHkv; ++h)
+    for (int32_t j = 0; j < kD; ++j) t.key.perm.push_back(kD - 1 - j);
+  std::vector<uint8_t> bytes = serializeCalibTable(t);
+  CalibTable back;
+  std::string error;
+  CHECK(parseCalibTable(bytes.data(), bytes.size(), back, error));
+  CHECK(back.key.perm == t.key.perm && back.key.mean == t.key.mean && back.key.scale == t.key.scale);
+  CHECK(back.key.codebooks == t.key.codebooks && back.value.codebooks == t.value.codebooks);
+  CHECK(back.value.perm.empty() && back.value.mean.empty());
+  CHECK(serializeCalibTable(back) == bytes);
+}
+
+// Creation must fail and the logged message must contain `expected` (the field's name, and more).
+void expectRefused(char const* what, std::function<void(FieldSet&)> tweak, std::string const& expected) {
+  FieldSet fs;
+  tweak(fs);
+  gLogger.last.clear();
+  auto plugin = create(fs.collection(), TensorRTPhase::kBUILD);
+  bool named = gLogger.last.find(expected) != std::string::npos;
+  if (plugin || !named) {
+    std::printf("FAIL refusal '%s': created=%d, logged: %s\n", what, plugin != nullptr, gLogger.last.c_str());
+    ++gFailures;
+  }
+}
+
+void testFieldValidation() {
+  expectRefused("missing field", [](FieldSet& f) { f.remove("head_dim"); }, "'head_dim' is missing");
+  expectRefused("missing table", [](FieldSet& f) { f.remove("calibration_table"); }, "'calibration_table' is missing");
+  expectRefused("head_dim 96", [](FieldSet& f) { f.ints[2] = 96; }, "'head_dim'");
+  expectRefused("GQA", [](FieldSet& f) { f.ints[0] = 7; }, "'num_q_heads'");
+  expectRefused("GQA group > 8", [](FieldSet& f) { f.ints[0] = 18; }, "'num_q_heads'");
+  expectRefused("tokens_per_block", [](FieldSet& f) { f.ints[4] = 24; }, "'tokens_per_block'");
+  expectRefused("negative layer", [](FieldSet& f) { f.ints[3] = -1; }, "'layer_idx'");
+  expectRefused("width 5", [](FieldSet& f) { f.keyWidth = 5.f; }, "'key_width'");
+  expectRefused("width 2.25", [](FieldSet& f) { f.valueWidth = 2.25f; }, "'value_width'");
+  expectRefused("wrong type", [](FieldSet& f) { f.field("head_dim")->type = PluginFieldType::kFLOAT32; },
+                "'head_dim' must have type kINT32");
+  expectRefused("two values", [](FieldSet& f) { f.field("layer_idx")->length = 2; }, "'layer_idx'");
+  expectRefused("null data", [](FieldSet& f) { f.field("rope_base")->data = nullptr; }, "'rope_base'");
+  expectRefused("unknown field", [](FieldSet& f) { f.field("rope_base")->name = "rope_theta"; }, "'rope_theta'");
+  expectRefused("duplicate", [](FieldSet& f) { f.fields.push_back(*f.field("head_dim")); }, "'head_dim' is given twice");
+  expectRefused("llama3 without factors", [](FieldSet& f) { f.remove("rope_low_freq_factor"); },
+                "'rope_low_freq_factor' is missing");
+  expectRefused("bad rope base", [](FieldSet& f) { f.ropeBase = -1.f; }, "'rope_base'");
+  expectRefused("table of another layer", [](FieldSet& f) { f.ints[3] = 4; }, "was made for layer 3");
+  expectRefused("table of another model", [](FieldSet& f) { f.fingerprint = 7; }, "model fingerprint");
+  expectRefused("table with other widths", [](FieldSet& f) { f.keyWidth = 4.f; }, "key width 3");
+  expectRefused("table with other heads", [](FieldSet& f) { f.ints[1] = 4; f.ints[0] = 8; }, "KV heads 2");
+  expectRefused("corrupt table", [](FieldSet& f) { f.table[100] ^= 0x40; }, "checksum");
+  expectRefused("truncated table", [](FieldSet& f) { f.table.resize(f.table.size() - 4); }, "payload bytes");
+  expectRefused("not a table", [](FieldSet& f) { f.table.assign(80, 0); }, "'TQCT'");
+  expectRefused("perm on integer width", [](FieldSet& f) {
+    CalibTable t = makeTable(6, 6);
+    t.key.perm.assign(kHkv * kD, 0);
+    for (int32_t i = 0; i < kHkv * kD; ++i) t.key.perm[i] = i % kD;
+    f.valueWidth = 3.f;
+    f.table = serializeCalibTable(t);
+  }, "integer width 3");
+  expectRefused("not a permutation", [](FieldSet& f) {
+    CalibTable t = makeTable();
+    t.value.perm[5] = t.value.perm[6];
+    f.table = serializeCalibTable(t);
+  }, "not a permutation");
+  expectRefused("descending codebook", [](FieldSet& f) {
+    CalibTable t = makeTable();
+    t.key.codebooks[1] = -5.f;
+    f.table = serializeCalibTable(t);
+  }, "key codebook");
+  expectRefused("non-positive scale", [](FieldSet& f) {
+    CalibTable t = makeTable();
+    t.key.scale[3] = 0.f;
+    f.table = serializeCalibTable(t);
+  }, "key scale");
+  gLogger.last.clear();
+  CHECK(creator().createPlugin("x", nullptr, TensorRTPhase::kBUILD) == nullptr);
+  CHECK(gLogger.last.find("PluginFieldCollection") != std::string::npos);
+}
+
+// A minimal stand-in for TensorRT's expression builder: constants only, which is all the plugin uses.
+class FakeDimImpl : public apiv::VDimensionExpr {
+ public:
+  explicit FakeDimImpl(int64_t v, bool constant = true) : value(v), isConst(constant) {}
+  bool isConstant() const override { return isConst; }
+  int64_t getConstantValue() const override { return value; }
+  bool isSizeTensor() const override { return false; }
+  int64_t value;
+  bool isConst;
+};
+class FakeDim : public IDimensionExpr {
+ public:
+  explicit FakeDim(int64_t v, bool constant = true) : impl(v, constant) { mImpl = &impl; }
+  FakeDimImpl impl;
+};
+class FakeBuilderImpl : public apiv::VExprBuilder {
+ public:
+  IDimensionExpr const* constant(int64_t v) override { return made.emplace_back(new FakeDim(v)).get(); }
+  IDimensionExpr const* operation(DimensionOperation, IDimensionExpr const&, IDimensionExpr const&) override {
+    return nullptr;
+  }
+  IDimensionExpr const* declareSizeTensor(int32_t, IDimensionExpr const&, IDimensionExpr const&) override {
+    return nullptr;
+  }
+  std::vector<std::unique_ptr<FakeDim>> made;
+};
+class FakeBuilder : public IExprBuilder {
+ public:
+  FakeBuilder() { mImpl = &impl; }
+  FakeBuilderImpl impl;
+};
+
+// Shapes of the seven inputs for `tokens` tokens, `batch` requests, `maxBlocks` blocks each.
+std::vector<Dims> inputDims(int64_t tokens, int64_t batch, int64_t maxBlocks, int64_t qkvWidthValue) {
+  auto dims = [](std::initializer_list<int64_t> values) {
+    Dims d{};
+    d.nbDims = int32_t(values.size());
+    int32_t i = 0;
+    for (int64_t v : values) d.d[i++] = v;
+    return d;
+  };
+  return {dims({tokens, qkvWidthValue}), dims({batch}), dims({batch}), dims({batch}),
+          dims({1, batch, 1, 2, maxBlocks}), dims({1, 2}), dims({32, 2})};
+}
+
+void testOutputTypesAndShapes() {
+  FieldSet fs;
+  auto plugin = create(fs.collection(), TensorRTPhase::kBUILD);
+  if (!plugin) return ++gFailures, void();
+  CHECK(plugin->getNbOutputs() == 1);
+  DataType in[kNumInputs] = {DataType::kHALF, DataType::kINT32, DataType::kINT32, DataType::kINT32,
+                             DataType::kINT32, DataType::kINT64, DataType::kINT32};
+  DataType out = DataType::kFLOAT;
+  CHECK(plugin->getOutputDataTypes(&out, 1, in, kNumInputs) == 0 && out == DataType::kHALF);
+  in[kQkv] = DataType::kBF16;
+  CHECK(plugin->getOutputDataTypes(&out, 1, in, kNumInputs) == 0 && out == DataType::kBF16);
+  in[kQkv] = DataType::kFLOAT;
+  CHECK(plugin->getOutputDataTypes(&out, 1, in, kNumInputs) != 0);
+  CHECK(plugin->getOutputDataTypes(&out, 1, in, 3) != 0);
+
+  FakeBuilder builder;
+  FakeDim tokens(-1, false), width((kHq + 2 * kHkv) * kD), batch(-1, false), one(1), two(2), blocks(-1, false),
+      pools(1), layers(32), badWidth(kHq * kD);
+  std::vector<DimsExprs> inputs(kNumInputs);
+  auto set = [](DimsExprs& e, std::initializer_list<IDimensionExpr const*> d) {
+    e.nbDims = int32_t(d.size());
+    int32_t i = 0;
+    for (auto* x : d) e.d[i++] = x;
+  };
+  set(inputs[kQkv], {&tokens, &width});
+  set(inputs[kHostPastKvLengths], {&batch});
+  set(inputs[kHostContextLengths], {&batch});
+  set(inputs[kHostRequestTypes], {&batch});
+  set(inputs[kBlockOffsets], {&pools, &batch, &one, &two, &blocks});
+  set(inputs[kHostPoolPointers], {&pools, &two});
+  set(inputs[kHostPoolMapping], {&layers, &two});
+  DimsExprs output{};
+  CHECK(plugin->getOutputShapes(inputs.data(), kNumInputs, nullptr, 0, &output, 1, builder) == 0);
+  CHECK(output.nbDims == 2 && output.d[0] == &tokens);
+  CHECK(output.d[1] && output.d[1]->isConstant() && output.d[1]->getConstantValue() == kHq * kD);
+
+  gLogger.last.clear();
+  set(inputs[kQkv], {&tokens, &badWidth});
+  CHECK(plugin->getOutputShapes(inputs.data(), kNumInputs, nullptr, 0, &output, 1, builder) != 0);
+  CHECK(gLogger.last.find("'qkv'") != std::string::npos);
+  set(inputs[kQkv], {&tokens, &width});
+  set(inputs[kBlockOffsets], {&pools, &batch, &two, &two, &blocks});  // beam width 2
+  CHECK(plugin->getOutputShapes(inputs.data(), kNumInputs, nullptr, 0, &output, 1, builder) != 0);
+  CHECK(gLogger.last.find("beam width 1") != std::string::npos);
+  set(inputs[kBlockOffsets], {&pools, &batch, &one, &two, &blocks});
+  FakeDim fewLayers(kLayer);
+  set(inputs[kHostPoolMapping], {&fewLayers, &two});
+  CHECK(plugin->getOutputShapes(inputs.data(), kNumInputs, nullptr, 0, &output, 1, builder) != 0);
+  CHECK(gLogger.last.find("layer_idx") != std::string::npos);
+  set(inputs[kHostPoolMapping], {&layers});  // wrong rank
+  CHECK(plugin->getOutputShapes(inputs.data(), kNumInputs, nullptr, 0, &output, 1, builder) != 0);
+  CHECK(plugin->getOutputShapes(inputs.data(), 5, nullptr, 0, &output, 1, builder) != 0);
+}
+
+std::vector<DynamicPluginTensorDesc> descs(std::vector<DataType> const& types, int64_t tokens, int64_t batch,
+                                           int64_t maxBlocks) {
+  std::vector<Dims> dims = inputDims(tokens, batch, maxBlocks, (kHq + 2 * kHkv) * kD);
+  dims.push_back(dims[0]);
+  dims.back().d[1] = kHq * kD;
+  std::vector<DynamicPluginTensorDesc> d(types.size());
+  for (size_t i = 0; i < types.size(); ++i) {
+    d[i].desc.type = types[i];
+    d[i].desc.format = TensorFormat::kLINEAR;
+    d[i].desc.dims = d[i].min = d[i].opt = d[i].max = dims[i];
+  }
+  return d;
+}
+
+void testSupportsFormatCombination() {
+  FieldSet fs;
+  auto plugin = create(fs.collection(), TensorRTPhase::kBUILD);
+  if (!plugin) return ++gFailures, void();
+  std::vector<DataType> good = {DataType::kHALF, DataType::kINT32, DataType::kINT32, DataType::kINT32,
+                                DataType::kINT32, DataType::kINT64, DataType::kINT32, DataType::kHALF};
+  auto d = descs(good, 16, 2, 4);
+  for (int32_t pos = 0; pos < 8; ++pos) CHECK(plugin->supportsFormatCombination(pos, d.data(), 7, 1));
+  d[kQkv].desc.type = d[7].desc.type = DataType::kBF16;
+  CHECK(plugin->supportsFormatCombination(kQkv, d.data(), 7, 1) && plugin->supportsFormatCombination(7, d.data(), 7, 1));
+  d[7].desc.type = DataType::kHALF;  // output must follow qkv
+  CHECK(!plugin->supportsFormatCombination(7, d.data(), 7, 1));
+  d[kQkv].desc.type = DataType::kFLOAT;
+  CHECK(!plugin->supportsFormatCombination(kQkv, d.data(), 7, 1));
+  d[kQkv].desc.type = DataType::kHALF;
+  d[kHostPoolPointers].desc.type = DataType::kINT32;
+  CHECK(!plugin->supportsFormatCombination(kHostPoolPointers, d.data(), 7, 1));
+  d[kHostPoolPointers].desc.type = DataType::kINT64;
+  d[kBlockOffsets].desc.type = DataType::kINT64;
+  CHECK(!plugin->supportsFormatCombination(kBlockOffsets, d.data(), 7, 1));
+  d[kBlockOffsets].desc.type = DataType::kINT32;
+  d[kHostRequestTypes].desc.format = TensorFormat::kCHW32;
+  CHECK(!plugin->supportsFormatCombination(kHostRequestTypes, d.data(), 7, 1));
+  CHECK(!plugin->supportsFormatCombination(8, d.data(), 7, 1));
+  CHECK(!plugin->supportsFormatCombination(0, d.data(), 6, 1));
+}
+
+size_t alignUp(size_t n) { return (n + 255) / 256 * 256; }
+
+void testWorkspaceSize() {
+  FieldSet fs;
+  auto plugin = create(fs.collection(), TensorRTPhase::kBUILD);
+  if (!plugin) return ++gFailures, void();
+  std::vector<DataType> types = {DataType::kHALF, DataType::kINT32, DataType::kINT32, DataType::kINT32,
+                                 DataType::kINT32, DataType::kINT64, DataType::kINT32, DataType::kHALF};
+  int64_t const tokens = 4096, batch = 64, maxBlocks = 512;
+  auto d = descs(types, tokens, batch, maxBlocks);
+  int64_t const maxKv = maxBlocks * kT;
+  size_t const fakeContext = size_t(1) * tokens * kHq * 8 + kHkv * kD + maxKv;  // fake_tq_kernels.cpp
+  size_t const fakeDecode = size_t(batch) * 1 * kHq * 8 + kHkv * kD + maxKv;
+  size_t expected = alignUp(4 * (2 * tokens + batch));
+  expected = alignUp(expected + tokens * kHq * kD * 2);
+  expected = alignUp(expected + tokens * 2 * kHkv * kD * 2);
+  expected = alignUp(expected + std::max(fakeContext, fakeDecode));
+  CHECK(plugin->getWorkspaceSize(d.data(), 7, d.data() + 7, 1) == expected);
+  CHECK(plugin->getWorkspaceSize(d.data(), 6, d.data() + 7, 1) == 0);
+}
+
+void testPoolArithmetic() {
+  FieldSet fs;
+  auto plugin = create(fs.collection(), TensorRTPhase::kBUILD);
+  if (!plugin) return ++gFailures, void();
+  // k3 (50 bytes/token at d=128) and v3.5 (60): the pool's head size is the wider, 60.
+  CHECK(poolHeadSizeBytes(plugin->config()) == 60);
+  CHECK(poolChunkBytes(plugin->config()) == int64_t(kHkv) * kT * 60);
+  PluginConfig c = plugin->config();
+  c.keyWidthX2 = c.valueWidthX2 = 6;
+  CHECK(poolHeadSizeBytes(c) == 50);
+  c.headDim = 64;
+  c.keyWidthX2 = 8;
+  CHECK(poolHeadSizeBytes(c) == 34);
+}
+
+void testBatchPlan() {
+  // two context requests (chunks of 5 and 3; the second continues after 16 cached tokens), then
+  // two generation requests with 40 and 7 tokens cached
+  int32_t types[] = {0, 0, 1, 1}, past[] = {5, 19, 40, 7}, ctx[] = {5, 3, 99, 99};
+  BatchPlan plan;
+  std::string error;
+  CHECK(planBatch(types, past, ctx, 4, 10, 64, plan, error));
+  CHECK(plan.numContext == 2 && plan.numGeneration == 2 && plan.maxGenerationKvLen == 41);
+  std::vector<int32_t> expected = {0, 1, 2, 3, 4, 16, 17, 18, 40, 7,  // pos
+                                   0, 0, 0, 0, 0, 1, 1, 1, 2, 3,      // seq_idx
+                                   5, 19, 41, 8};                     // kv_lens
+  CHECK(plan.metadata == expected);
+  CHECK(plan.requests[1].tokenBegin == 5 && plan.requests[1].numTokens == 3 && plan.requests[3].tokenBegin == 9);
+  CHECK(!planBatch(types, past, ctx, 4, 10, 40, plan, error) && error.find("beyond its block table") != std::string::npos);
+  CHECK(!planBatch(types, past, ctx, 4, 11, 64, plan, error) && error.find("11 rows") != std::string::npos);
+  int32_t mixed[] = {1, 0, 1, 1};
+  CHECK(!planBatch(mixed, past, ctx, 4, 10, 64, plan, error) && error.find("context requests first") != std::string::npos);
+  int32_t none[] = {0, 0, 2, 1};
+  CHECK(!planBatch(none, past, ctx, 4, 10, 64, plan, error) && error.find("host_request_types is 2") != std::string::npos);
+  int32_t badPast[] = {2, 19, 40, 7};
+  CHECK(!planBatch(types, badPast, ctx, 4, 10, 64, plan, error) && error.find("inconsistent") != std::string::npos);
+}
+
+// `--table FILE`: parse a table written by tq_trtllm/trt/plugin_fields.py and print what was read,
+// so tests/test_plugin_unit.py can check that the Python writer and this reader agree.
+int describeTable(char const* path) {
+  std::FILE* f = std::fopen(path, "rb");
+  if (!f) return std::printf("cannot open %s\n", path), 2;
+  std::vector<uint8_t> bytes;
+  for (int c; (c = std::fgetc(f)) != EOF;) bytes.push_back(uint8_t(c));
+  std::fclose(f);
+  CalibTable t;
+  std::string error;
+  if (!parseCalibTable(bytes.data(), bytes.size(), t, error)) return std::printf("error: %s\n", error.c_str()), 1;
+  auto sum = [](auto const& v) {
+    double s = 0;
+    for (auto x : v) s += double(x);
+    return s;
+  };
+  std::printf("fingerprint=%llu layer=%d kv_heads=%d head_dim=%d key_x2=%d value_x2=%d\n",
+              (unsigned long long)t.modelFingerprint, t.layerIdx, t.numKvHeads, t.headDim, t.keyWidthX2, t.valueWidthX2);
+  for (auto const* side : {&t.key, &t.value})
+    std::printf("%s codebooks=%zu:%.9g mean=%zu:%.9g scale=%zu:%.9g perm=%zu:%.0f\n", side == &t.key ? "key" : "value",
+                side->codebooks.size(), sum(side->codebooks), side->mean.size(), sum(side->mean), side->scale.size(),
+                sum(side->scale), side->perm.size(), sum(side->perm));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--table") return describeTable(argv[2]);
+  useLogger(&gLogger);
+  testCreatorIdentity();
+  testCreateSerializeRecreate();
+  testCalibTableRoundTrip();
+  testFieldValidation();
+  testOutputTypesAndShapes();
+  testSupportsFormatCombination();
+  testWorkspaceSize();
+  testPoolArithmetic();
+  testBatchPlan();
+  std::printf("%s: %d failure(s) (TensorRT headers %d.%d)\n", gFailures ? "FAILED" : "PASSED", gFailures,
+              NV_TENSORRT_MAJOR, NV_TENSORRT_MINOR);
+  return gFailures ? 1 : 0;
+}

@@ -1,0 +1,65 @@
+"""Building blocks of the GPU tests: random caches, codecs with calibration tables, references."""
+
+from __future__ import annotations
+
+import torch
+
+from tq_trtllm.core.paged import PagedLayerCache
+from tq_trtllm.core.quantizer import VectorCodec
+from tq_trtllm.core.spec import CodecSpec
+from tq_trtllm.kernels import KernelCache
+
+
+def make_codec(head_dim: int, width: float, heads: int, gen: torch.Generator, seed: int,
+               tables: bool) -> VectorCodec:
+    """A codec; with tables, a per-head mean, a positive scale and (fractional widths) outliers."""
+    spec = CodecSpec(head_dim, width)
+    if not tables:
+        return VectorCodec(spec, seed=seed)
+    mean = 0.3 * torch.randn(heads, head_dim, generator=gen)
+    scale = 0.5 + torch.rand(heads, head_dim, generator=gen)
+    outliers = None
+    if spec.num_outliers:
+        outliers = torch.stack([torch.randperm(head_dim, generator=gen)[:spec.num_outliers]
+                                for _ in range(heads)])
+    return VectorCodec(spec, seed=seed, mean=mean, scale=scale, outliers=outliers)
+
+
+def make_cache(head_dim: int, k_width: float, v_width: float, heads: int, tokens_per_block: int,
+               lengths: list[int], gen: torch.Generator, tables: bool = False,
+               spare_blocks: int = 1):
+    """A GPU cache whose block table gives each sequence shuffled chunks for its lengths."""
+    key = make_codec(head_dim, k_width, heads, gen, seed=1234, tables=tables)
+    value = make_codec(head_dim, v_width, heads, gen, seed=99, tables=tables)
+    blocks = [(n + tokens_per_block - 1) // tokens_per_block + spare_blocks for n in lengths]
+    max_blocks = max(blocks)
+    num_chunks = sum(blocks) * 2
+    cache = PagedLayerCache(key, value, heads, tokens_per_block, num_chunks, device="cuda")
+    for pool in cache.pools:  # unwritten slots hold garbage, never zeros
+        pool.copy_(torch.randint(0, 256, pool.shape, generator=gen, dtype=torch.uint8))
+    order = torch.randperm(num_chunks, generator=gen).to(torch.int32)
+    table = torch.full((len(lengths), 2, max_blocks), -1, dtype=torch.int32)
+    used = 0
+    for s, nb in enumerate(blocks):
+        for kv in range(2):
+            table[s, kv, :nb] = order[used:used + nb]
+            used += nb
+    table = table.cuda()
+    return cache, table, KernelCache(cache, table)
+
+
+def twin(cache: PagedLayerCache, table: torch.Tensor, gen: torch.Generator):
+    """A second cache with the same codecs and shape (garbage pools), and its KernelCache."""
+    other = PagedLayerCache(cache.key, cache.value, cache.num_kv_heads, cache.tokens_per_block,
+                            cache.pools[0].shape[0], device="cuda")
+    for pool in other.pools:
+        pool.copy_(torch.randint(0, 256, pool.shape, generator=gen, dtype=torch.uint8))
+    return other, KernelCache(other, table)
+
+
+def positions(lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(seq_idx, pos) of every token of every sequence, shuffled."""
+    seq = torch.cat([torch.full((n,), s) for s, n in enumerate(lengths)])
+    pos = torch.cat([torch.arange(n) for n in lengths])
+    perm = torch.randperm(seq.numel())
+    return seq[perm].int().cuda(), pos[perm].int().cuda()

@@ -1,0 +1,125 @@
+"""Decode and chunked-prefill attention match fp32 attention over the reference's dequantized cache."""
+
+import pytest
+import torch
+
+from tq_trtllm.core.attention import reference_attention
+from tq_trtllm.core.errors import TQError
+from tq_trtllm.kernels import decode_attention, prefill_attention, quantize_append
+
+from .cases import make_cache, positions
+
+TOL = 2e-3
+
+
+def fill(kc, lengths, heads, head_dim, gen):
+    seq, pos = positions(lengths)
+    x = torch.randn(2, seq.numel(), heads, head_dim, generator=gen).half().cuda()
+    quantize_append(kc, x[0], x[1], seq, pos)
+
+
+def check_against_reference(cache, table, q, out, lengths, scale):
+    """Max abs error vs fp32 attention over the reference-dequantized history, per sequence."""
+    q_len = q.shape[1]
+    worst = 0.0
+    for b, n in enumerate(lengths):
+        k, v = cache.gather(table, b, 0, n)
+        want = reference_attention(q[b].float(), k, v, scale)
+        got = out[b].float()
+        assert torch.isfinite(got).all(), "NaN or Inf in the output"
+        # a bf16 output carries its own rounding (half an ulp: up to 2^-8 relative) on top of the bound
+        slack = want.abs() * 2**-8 if out.dtype == torch.bfloat16 else 0.0
+        err = ((got - want).abs() - slack).max().item()
+        worst = max(worst, err)
+        assert err <= TOL, f"sequence {b} (length {n}, q_len {q_len}): max abs error {err:.2e}"
+    return worst
+
+
+CASES = [
+    # head_dim, q heads, kv heads, k width, v width, q_len, dtype, tables
+    (128, 8, 2, 3, 3, 1, torch.float16, False),
+    (128, 32, 8, 3, 3, 1, torch.float16, True),
+    (128, 16, 2, 3, 3, 8, torch.bfloat16, True),   # group 8 x 8 query tokens: 4 row tiles
+    (128, 4, 4, 4, 2, 3, torch.float16, False),    # group 1
+    (128, 8, 2, 2.5, 3.5, 2, torch.bfloat16, True),
+    (128, 8, 2, 1, 1.5, 1, torch.float16, False),
+    (64, 9, 3, 3, 3, 1, torch.float16, False),     # SmolLM2's attention shape
+    (64, 9, 3, 3.5, 2.5, 5, torch.bfloat16, True),
+    (64, 16, 2, 4, 4, 8, torch.float16, True),
+    (64, 6, 6, 1.5, 2, 4, torch.float16, False),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"d{c[0]}-h{c[1]}x{c[2]}-k{c[3]}v{c[4]}-q{c[5]}-{str(c[6])[6:]}-{'tab' if c[7] else 'plain'}")
+def test_decode_attention_ragged(case, gen):
+    d, hq, hkv, kw, vw, q_len, dtype, tables = case
+    T = 32
+    lengths = [max(1, q_len), T - 1, 3 * T + 5, 777, 16, 2048 + 3]
+    cache, table, kc = make_cache(d, kw, vw, hkv, T, lengths, gen, tables)
+    fill(kc, lengths, hkv, d, gen)
+    q = torch.randn(len(lengths), q_len, hq, d, generator=gen).to(dtype).cuda()
+    scale = d**-0.5
+    lens = torch.tensor(lengths, dtype=torch.int32)
+    out = torch.full_like(q, float("nan"))
+    decode_attention(kc, q, lens, max(lengths), scale, out=out)
+    check_against_reference(cache, table, q, out, lengths, scale)
+
+
+def test_decode_attention_length_one_and_block_edges(gen):
+    T = 64
+    lengths = [1, T - 1, T, T + 1, 5 * T]
+    cache, table, kc = make_cache(128, 3, 3, 2, T, lengths, gen)
+    fill(kc, lengths, 2, 128, gen)
+    q = torch.randn(len(lengths), 1, 8, 128, generator=gen).half().cuda()
+    out = decode_attention(kc, q, torch.tensor(lengths), max(lengths))
+    check_against_reference(cache, table, q, out, lengths, 128**-0.5)
+
+
+@pytest.mark.parametrize("q_len", [1, 4])
+def test_decode_attention_longest_context(q_len, gen):
+    """Batch 1 at 131,072 tokens, Llama-3-8B's attention shape, 3-bit keys and values."""
+    n = 131072
+    cache, table, kc = make_cache(128, 3, 3, 8, 64, [n], gen, spare_blocks=0)
+    fill(kc, [n], 8, 128, gen)
+    q = torch.randn(1, q_len, 32, 128, generator=gen).half().cuda()
+    out = decode_attention(kc, q, torch.tensor([n]), n)
+    check_against_reference(cache, table, q, out, [n], 128**-0.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_prefill_attention_chunk_over_history(dtype, gen):
+    """A chunk of 100 new tokens (keys appended first) attends causally to 300 + 100 positions."""
+    lengths = [400, 130]
+    cache, table, kc = make_cache(128, 3, 3, 2, 32, lengths, gen, tables=True)
+    fill(kc, lengths, 2, 128, gen)
+    q = torch.randn(2, 100, 8, 128, generator=gen).to(dtype).cuda()
+    out = prefill_attention(kc, q, torch.tensor(lengths), max(lengths))
+    check_against_reference(cache, table, q, out, lengths, 128**-0.5)
+
+
+def test_bad_input_raises_with_a_message(gen):
+    cache, table, kc = make_cache(128, 3, 3, 2, 32, [40], gen)
+    q = torch.randn(1, 1, 8, 128, generator=gen).half().cuda()
+    with pytest.raises(TQError, match="beyond the block table"):
+        decode_attention(kc, q, torch.tensor([40]), 10**6)
+    with pytest.raises(TQError, match="q_len"):
+        decode_attention(kc, torch.randn(1, 9, 8, 128).half().cuda(), torch.tensor([40]), 40)
+    with pytest.raises(TQError, match="num_q_heads"):
+        decode_attention(kc, torch.randn(1, 1, 3, 128).half().cuda(), torch.tensor([40]), 40)
+    with pytest.raises(TQError, match="workspace"):
+        decode_attention(kc, q, torch.tensor([40]), 40,
+                         workspace=torch.empty(8, dtype=torch.uint8, device="cuda"))
+    kc.struct.k_pool = None
+    with pytest.raises(TQError, match="k_pool"):
+        decode_attention(kc, q, torch.tensor([40]), 40)
+    kc.struct.k_pool = cache.pools[0].data_ptr() + 4
+    with pytest.raises(TQError, match="aligned"):
+        decode_attention(kc, q, torch.tensor([40]), 40)
+    kc.struct.k_pool = cache.pools[0].data_ptr()
+    kc.struct.key.head_dim = 96
+    with pytest.raises(TQError, match="head_dim 96"):
+        quantize_append(kc, q[0, :, :2], q[0, :, :2], torch.tensor([0]), torch.tensor([0]))
+    kc.struct.key.head_dim = 128
+    kc.struct.value.group_bits[0] = 5
+    with pytest.raises(TQError, match="5 bits"):
+        decode_attention(kc, q, torch.tensor([40]), 40)

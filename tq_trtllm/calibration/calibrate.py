@@ -1,0 +1,120 @@
+"""Calibrating a model: statistics, sensitivity, widths, and the resulting table."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass
+
+import torch
+from tqdm import tqdm
+
+from ..core.errors import TQError
+from ..core.spec import CodecSpec, parse_kv_bits
+from ..models.checkpoint import LoadedModel
+from ..models.fingerprint import fingerprint
+from .allocate import CANDIDATE_WIDTHS, allocate_widths
+from .capture import run_observed, token_windows
+from .sensitivity import fisher_cost, fisher_gradients
+from .stats import ChannelStats
+from .table import KVTable, LayerTable
+
+REFERENCE_CONTEXT = 1024  # the context length at which effective bits are budgeted
+
+
+@dataclass
+class CalibrationOptions:
+    key_mean: bool = True  # subtract the per-head key channel mean (restored exactly)
+    key_scale: bool = True  # per-channel key scale from query/key statistics (folded into q)
+    value_mean: bool = False
+    sink_tokens: int = 0  # first tokens kept exact in fp16
+    per_layer: bool = True  # per-layer widths under the budget (else the same widths everywhere)
+    window: int = 512  # calibration window length, tokens
+    windows: int = 8  # windows for the statistics
+    fisher_windows: int = 2  # windows for the sensitivity
+    fisher_samples: int = 4  # label samples per window for the Fisher estimate
+    seed: int = 0
+
+
+def collect_stats(model, windows: torch.Tensor, skip: int, progress: bool = False) -> list[ChannelStats]:
+    cfg = model.config
+    heads = cfg.num_key_value_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    stats = [ChannelStats.zeros(heads, head_dim) for _ in range(cfg.num_hidden_layers)]
+
+    def add(layer, query, key, value):
+        stats[layer].add(query, key, value, skip)
+
+    for row in tqdm(windows, desc="calibration statistics", disable=not progress):
+        run_observed(model, row[None], add)
+    return stats
+
+
+def _layer_table(stats: ChannelStats, head_dim: int, key_width: float, value_width: float,
+                 seed: int, opts: CalibrationOptions) -> LayerTable:
+    n_k = CodecSpec(head_dim, key_width).num_outliers
+    n_v = CodecSpec(head_dim, value_width).num_outliers
+    f32 = torch.float32
+    return LayerTable(
+        key_width, value_width, seed,
+        key_mean=stats.key_mean.to(f32) if opts.key_mean else None,
+        key_scale=stats.key_scale(opts.key_mean).to(f32) if opts.key_scale else None,
+        key_outliers=stats.key_outliers(n_k, opts.key_mean) if n_k else None,
+        value_mean=stats.value_mean.to(f32) if opts.value_mean else None,
+        value_outliers=stats.value_outliers(n_v, opts.value_mean) if n_v else None,
+    )
+
+
+def calibrate(loaded: LoadedModel, text: str, kv_bits: str, opts: CalibrationOptions,
+              source: str = "text", progress: bool = False) -> KVTable:
+    """A table for `loaded` at `kv_bits`: a single width is an average budget shared out per layer
+    (when opts.per_layer), a K/V pair such as k4v3 fixes the widths of every layer."""
+    key_w, value_w = parse_kv_bits(kv_bits)
+    cfg = loaded.config
+    fp = fingerprint(loaded.family.name, cfg)
+    head_dim, n_layers = fp["head_dim"], fp["layers"]
+    need = opts.window * max(opts.windows, opts.fisher_windows)
+    windows = token_windows(loaded.tokenizer, text, opts.window, max(opts.windows, opts.fisher_windows))
+    if windows.shape[0] < max(1, opts.fisher_windows if opts.per_layer else 1):
+        raise TQError(f"the calibration text has too few tokens: {opts.window} tokens per window are "
+                      f"needed, at least {need} in all; give a longer --calib-text")
+    stats = collect_stats(loaded.model, windows[: opts.windows], opts.sink_tokens, progress)
+
+    def build(widths: dict) -> KVTable:
+        layers = [_layer_table(stats[i], head_dim, widths[(i, 0)], widths[(i, 1)], opts.seed + i, opts)
+                  for i in range(n_layers)]
+        description = {"mode": "calibrated", "source": source,
+                       "text_sha256": hashlib.sha256(text.encode()).hexdigest()[:16],
+                       "tokens": int(windows[: opts.windows].numel()), **asdict(opts)}
+        return KVTable(fp, layers, opts.sink_tokens, str(kv_bits), description)
+
+    uniform = {(i, k): w for i in range(n_layers) for k, w in ((0, key_w), (1, value_w))}
+    if not opts.per_layer or key_w != value_w:
+        return build(uniform)
+    costs = measure_costs(loaded.model, windows[: opts.fisher_windows], stats, head_dim, opts,
+                          progress)
+    widths = allocate_widths(costs, key_w, lambda w: CodecSpec(head_dim, w).bytes_per_token,
+                             lambda w: build(w).effective_bits(REFERENCE_CONTEXT))
+    table = build(widths)
+    table.calibration["fisher_costs"] = {f"{layer}.{'kv'[kind]}": {f"{w:g}": c for w, c in opt.items()}
+                                         for (layer, kind), opt in costs.items()}
+    return table
+
+
+def measure_costs(model, windows: torch.Tensor, stats: list[ChannelStats], head_dim: int,
+                  opts: CalibrationOptions, progress: bool) -> dict:
+    """Fisher cost of every (layer, K/V, candidate width), summed over the windows."""
+    costs: dict = {}
+    bar = tqdm(total=windows.shape[0] * len(stats), desc="layer sensitivity", disable=not progress)
+    for row in windows:
+        captured = fisher_gradients(model, row[None], opts.fisher_samples, opts.seed)
+        for layer, (k, v, grads_k, grads_v) in captured.items():
+            for width in CANDIDATE_WIDTHS:
+                codecs = _layer_table(stats[layer], head_dim, width, width, opts.seed + layer,
+                                      opts).codecs(head_dim)
+                for kind, (x, grads) in enumerate(((k, grads_k), (v, grads_v))):
+                    slot = costs.setdefault((layer, kind), {})
+                    slot[width] = slot.get(width, 0.0) + fisher_cost(x, grads, codecs[kind],
+                                                                     opts.sink_tokens)
+            bar.update()
+    bar.close()
+    return costs

@@ -1,0 +1,55 @@
+"""How much each layer's K or V quantization at each width costs, measured on the model.
+
+The expected KL divergence between the model's next-token distributions with and without a small
+perturbation delta of one layer's keys (or values) is 1/2 delta^T F delta, F the Fisher information of
+the output distribution with respect to them. With labels y drawn from the model's own distribution,
+F = E_y[g_y g_y^T], g_y the gradient of log p(y), so 1/2 E_y[(g_y . delta)^2] estimates it from a few
+backward passes. delta is the actual quantization error of the layer's codec at each width, so one
+forward pass and a few backward passes price every (layer, K/V, width) at once.
+
+Quantization errors of different tokens and heads are independent and nearly zero-mean, so the
+cross terms of (g . delta)^2 between vectors vanish in expectation; summing the per-vector terms
+(g_t . delta_t)^2 keeps the expectation and removes most of the variance of one squared sum.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .capture import run_observed
+
+
+def fisher_gradients(model, windows: torch.Tensor, samples: int, seed: int):
+    """Per layer: (k, v, grads_k, grads_v), grads a list over label samples; tensors [B, H, T, d]."""
+    captured = {}
+
+    def keep(layer, query, key, value):
+        key.retain_grad()
+        value.retain_grad()
+        captured[layer] = (key, value)
+
+    logits = run_observed(model, windows, keep, grad=True)
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    gen = torch.Generator().manual_seed(seed)
+    grads = {layer: ([], []) for layer in captured}
+    for i in range(samples):
+        labels = torch.multinomial(log_probs.detach().exp().view(-1, log_probs.shape[-1]), 1,
+                                   generator=gen).view(log_probs.shape[:-1])
+        model.zero_grad(set_to_none=True)
+        for key, value in captured.values():
+            key.grad = value.grad = None
+        log_probs.gather(-1, labels[..., None]).sum().backward(retain_graph=i + 1 < samples)
+        for layer, (key, value) in captured.items():
+            grads[layer][0].append(key.grad.detach().clone())
+            grads[layer][1].append(value.grad.detach().clone())
+    model.zero_grad(set_to_none=True)
+    return {layer: (key.detach(), value.detach(), *grads[layer]) for layer, (key, value) in captured.items()}
+
+
+def fisher_cost(x: torch.Tensor, grads: list[torch.Tensor], codec, exact_tokens: int) -> float:
+    """1/2 E_y[sum over vectors of (g_y . delta)^2], delta = the codec's roundtrip error of
+    x [B, H, T, d], summed over the batch."""
+    delta = codec.roundtrip(x.double().transpose(1, 2)).transpose(1, 2) - x.double()
+    delta[:, :, :exact_tokens] = 0.0
+    per_sample = [((g.double() * delta).sum(dim=-1) ** 2).sum() for g in grads]
+    return 0.5 * torch.stack(per_sample).mean().item()

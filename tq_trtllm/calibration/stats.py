@@ -1,0 +1,80 @@
+"""Channel statistics of post-RoPE queries, keys and values, per layer and KV head, and the codec
+parameters they imply.
+
+Per-channel key scale. Quantizing z = (k - mean) / s adds an error that the rotation spreads evenly
+over channels, so the logit error q . (s * e) has variance proportional to
+sum_c E[z_c^2] * sum_c E[q_c^2] s_c^2 = sum_c E[k'_c^2] / s_c^2 * sum_c E[q_c^2] s_c^2 (k' = k - mean).
+By Cauchy-Schwarz this is smallest at s_c = (E[k'_c^2] / E[q_c^2])^(1/4); the scale folds into the
+query at attention time (q . k = (q * s) . (k / s)), so logits are unchanged in exact arithmetic.
+Outlier channels of a fractional key width are those with the largest sqrt(E[k'_c^2] E[q_c^2]), the
+channel's share of the logit error after scaling; of a value width, the largest E[v'_c^2].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+SCALE_FLOOR = 1e-6
+
+
+@dataclass
+class ChannelStats:
+    """Running sums for one layer: tensors are [kv_heads, head_dim] float64."""
+
+    k_sum: torch.Tensor
+    k_sq: torch.Tensor
+    v_sum: torch.Tensor
+    v_sq: torch.Tensor
+    q_sq: torch.Tensor  # summed over the query heads of each KV head's group
+    tokens: int = 0
+
+    @classmethod
+    def zeros(cls, kv_heads: int, head_dim: int) -> "ChannelStats":
+        z = lambda: torch.zeros(kv_heads, head_dim, dtype=torch.float64)  # noqa: E731
+        return cls(z(), z(), z(), z(), z())
+
+    def add(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, skip: int) -> None:
+        """query [B, Hq, T, d], key/value [B, Hkv, T, d]; the first `skip` positions are left out
+        (attention sinks, kept exact, would dominate the means)."""
+        q, k, v = (x[:, :, skip:].detach().to(torch.float64) for x in (query, key, value))
+        hkv = k.shape[1]
+        q = q.reshape(q.shape[0], hkv, -1, *q.shape[2:])  # [B, Hkv, group, T, d]
+        self.k_sum += k.sum(dim=(0, 2))
+        self.k_sq += (k * k).sum(dim=(0, 2))
+        self.v_sum += v.sum(dim=(0, 2))
+        self.v_sq += (v * v).sum(dim=(0, 2))
+        self.q_sq += (q * q).sum(dim=(0, 2, 3)) / q.shape[2]
+        self.tokens += k.shape[0] * k.shape[2]
+
+    @property
+    def key_mean(self) -> torch.Tensor:
+        return self.k_sum / self.tokens
+
+    @property
+    def value_mean(self) -> torch.Tensor:
+        return self.v_sum / self.tokens
+
+    def key_power(self, centred: bool) -> torch.Tensor:
+        """E[k'_c^2] with k' = k - mean when centred, else E[k_c^2]."""
+        power = self.k_sq / self.tokens
+        return power - self.key_mean**2 if centred else power
+
+    def value_power(self, centred: bool) -> torch.Tensor:
+        power = self.v_sq / self.tokens
+        return power - self.value_mean**2 if centred else power
+
+    def key_scale(self, centred: bool) -> torch.Tensor:
+        """s_c = (E[k'_c^2] / E[q_c^2])^(1/4), normalized to geometric mean 1 per head."""
+        k_pow = self.key_power(centred).clamp_min(SCALE_FLOOR)
+        q_pow = (self.q_sq / self.tokens).clamp_min(SCALE_FLOOR)
+        s = (k_pow / q_pow) ** 0.25
+        return s / s.log().mean(dim=-1, keepdim=True).exp()
+
+    def key_outliers(self, n_hi: int, centred: bool) -> torch.Tensor:
+        share = (self.key_power(centred).clamp_min(0) * self.q_sq).sqrt()
+        return share.topk(n_hi, dim=-1).indices.sort(dim=-1).values
+
+    def value_outliers(self, n_hi: int, centred: bool) -> torch.Tensor:
+        return self.value_power(centred).topk(n_hi, dim=-1).indices.sort(dim=-1).values

@@ -1,0 +1,92 @@
+"""The calibration table: everything the quantized cache needs for every layer of one model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..core.quantizer import VectorCodec
+from ..core.spec import CodecSpec
+
+TABLE_VERSION = 1
+FP16_BYTES = 2
+
+
+@dataclass
+class LayerTable:
+    """One layer's codecs. Tensors are per KV head: mean/scale [kv_heads, head_dim] float32,
+    outliers [kv_heads, n_hi] int64 (fractional widths only). None means the format's default."""
+
+    key_width: float
+    value_width: float
+    seed: int
+    key_mean: torch.Tensor | None = None
+    key_scale: torch.Tensor | None = None
+    key_outliers: torch.Tensor | None = None
+    value_mean: torch.Tensor | None = None
+    value_outliers: torch.Tensor | None = None
+
+    TENSORS = ("key_mean", "key_scale", "key_outliers", "value_mean", "value_outliers")
+
+    def codecs(self, head_dim: int) -> tuple[VectorCodec, VectorCodec]:
+        key = VectorCodec(CodecSpec(head_dim, self.key_width), seed=self.seed, mean=self.key_mean,
+                          scale=self.key_scale, outliers=self.key_outliers)
+        value = VectorCodec(CodecSpec(head_dim, self.value_width), seed=self.seed,
+                            mean=self.value_mean, outliers=self.value_outliers)
+        return key, value
+
+
+@dataclass
+class KVTable:
+    fingerprint: dict
+    layers: list[LayerTable]
+    sink_tokens: int = 0  # the first tokens of every sequence, kept exact in fp16
+    kv_bits: str = "3"  # the budget as asked for (parse_kv_bits syntax)
+    calibration: dict = field(default_factory=dict)  # how it was made: data, options
+
+    @property
+    def head_dim(self) -> int:
+        return int(self.fingerprint["head_dim"])
+
+    @property
+    def kv_heads(self) -> int:
+        return int(self.fingerprint["kv_heads"])
+
+    def codecs(self, layer: int) -> tuple[VectorCodec, VectorCodec]:
+        return self.layers[layer].codecs(self.head_dim)
+
+    def average_widths(self) -> tuple[float, float]:
+        n = len(self.layers)
+        return (sum(t.key_width for t in self.layers) / n, sum(t.value_width for t in self.layers) / n)
+
+    def side_bytes(self) -> int:
+        """Bytes stored once per model beside the pages: the means and scales, at fp32."""
+        return sum(getattr(t, name).numel() * 4 for t in self.layers
+                   for name in ("key_mean", "key_scale", "value_mean") if getattr(t, name) is not None)
+
+    def cache_bytes(self, tokens: int) -> int:
+        """Bytes of a `tokens`-long sequence's cache, all layers and KV heads: pages + exact sinks."""
+        sinks = min(tokens, self.sink_tokens)
+        packed = tokens - sinks
+        per_token = sum(CodecSpec(self.head_dim, t.key_width).bytes_per_token
+                        + CodecSpec(self.head_dim, t.value_width).bytes_per_token for t in self.layers)
+        exact = len(self.layers) * 2 * self.head_dim * FP16_BYTES
+        return self.kv_heads * (packed * per_token + sinks * exact)
+
+    def effective_bits(self, tokens: int) -> float:
+        """Stored bits per cached coordinate over a `tokens`-long sequence, side bytes included."""
+        coords = tokens * len(self.layers) * 2 * self.kv_heads * self.head_dim
+        return (self.cache_bytes(tokens) + self.side_bytes()) * 8 / coords
+
+
+def fp16_cache_bytes(fingerprint: dict, tokens: int) -> int:
+    return tokens * fingerprint["layers"] * 2 * fingerprint["kv_heads"] * fingerprint["head_dim"] * FP16_BYTES
+
+
+def oblivious_table(fingerprint: dict, key_width: float, value_width: float, seed: int = 0,
+                    kv_bits: str | None = None) -> KVTable:
+    """Plain TurboQuant: no calibration data, the same widths in every layer, the format's defaults."""
+    layers = [LayerTable(key_width, value_width, seed + i) for i in range(fingerprint["layers"])]
+    return KVTable(fingerprint, layers, 0, kv_bits or f"k{key_width:g}v{value_width:g}",
+                   {"mode": "data-oblivious"})

@@ -1,0 +1,125 @@
+"""Tables on disk: one safetensors file whose metadata holds the JSON header.
+
+Header: table format version, the model fingerprint, the bit budget, the sink tokens, per-layer widths
+and seeds, and the calibration description. Loading checks all of it against the model and refuses a
+table that does not match, naming each field that differs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from ..core.errors import TQError
+from ..core.spec import CodecSpec, parse_width
+from ..models.fingerprint import fingerprint_differences
+from .table import TABLE_VERSION, KVTable, LayerTable
+
+HEADER_KEY = "tq_table"
+
+
+def _tensor_name(layer: int, name: str) -> str:
+    return f"layers.{layer}.{name}"
+
+
+def save_table(table: KVTable, path: str | Path) -> None:
+    """Write to a temporary file beside `path`, then rename it into place."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    tensors = {}
+    for i, layer in enumerate(table.layers):
+        for name in LayerTable.TENSORS:
+            t = getattr(layer, name)
+            if t is not None:
+                tensors[_tensor_name(i, name)] = t.detach().cpu().contiguous()
+    header = {
+        "version": TABLE_VERSION,
+        "fingerprint": table.fingerprint,
+        "kv_bits": table.kv_bits,
+        "sink_tokens": table.sink_tokens,
+        "layers": [{"key_width": t.key_width, "value_width": t.value_width, "seed": t.seed}
+                   for t in table.layers],
+        "calibration": table.calibration,
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp), metadata={HEADER_KEY: json.dumps(header)})
+    os.replace(tmp, path)
+
+
+def load_table(path: str | Path, model_fingerprint: dict | None = None) -> KVTable:
+    """Read and validate a table; with model_fingerprint, refuse one made for another model."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise TQError(f"calibration table {path} does not exist")
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            metadata = fh.metadata() or {}
+            tensors = {name: fh.get_tensor(name) for name in fh.keys()}
+    except Exception as err:  # safetensors raises its own error types for damaged files
+        raise TQError(f"calibration table {path} is corrupt or not a safetensors file: {err}") from None
+    if HEADER_KEY not in metadata:
+        raise TQError(f"calibration table {path} has no '{HEADER_KEY}' header: not a tq_trtllm table")
+    try:
+        header = json.loads(metadata[HEADER_KEY])
+        table = _from_header(header, tensors)
+    except TQError as err:
+        raise TQError(f"calibration table {path}: {err}") from None
+    except (KeyError, TypeError, ValueError) as err:
+        raise TQError(f"calibration table {path} has a malformed header ({type(err).__name__}: {err})") \
+            from None
+    if model_fingerprint is not None:
+        diffs = fingerprint_differences(table.fingerprint, model_fingerprint)
+        if diffs:
+            raise TQError(f"calibration table {path} was made for another model: " + "; ".join(diffs))
+    return table
+
+
+def _from_header(header: dict, tensors: dict) -> KVTable:
+    if header.get("version") != TABLE_VERSION:
+        raise TQError(f"table format version {header.get('version')} is not readable; this tq_trtllm "
+                      f"reads version {TABLE_VERSION}")
+    fp = header["fingerprint"]
+    n_layers, kv_heads, head_dim = int(fp["layers"]), int(fp["kv_heads"]), int(fp["head_dim"])
+    if len(header["layers"]) != n_layers:
+        raise TQError(f"the header lists {len(header['layers'])} layers but the fingerprint says {n_layers}")
+    layers = []
+    for i, entry in enumerate(header["layers"]):
+        layer = LayerTable(parse_width(entry["key_width"]), parse_width(entry["value_width"]),
+                           int(entry["seed"]))
+        for name in LayerTable.TENSORS:
+            t = tensors.pop(_tensor_name(i, name), None)
+            if t is not None:
+                _check_tensor(layer, name, t, kv_heads, head_dim, i)
+            setattr(layer, name, t)
+        layers.append(layer)
+    if tensors:
+        raise TQError(f"unexpected tensors {sorted(tensors)[:4]}")
+    sinks = int(header["sink_tokens"])
+    if sinks < 0:
+        raise TQError(f"sink_tokens {sinks} is negative")
+    return KVTable(fp, layers, sinks, str(header["kv_bits"]), dict(header.get("calibration", {})))
+
+
+def _check_tensor(layer: LayerTable, name: str, t: torch.Tensor, kv_heads: int, head_dim: int,
+                  index: int) -> None:
+    where = f"layer {index} {name}"
+    width = layer.key_width if name.startswith("key") else layer.value_width
+    if name.endswith("outliers"):
+        n_hi = CodecSpec(head_dim, width).num_outliers
+        if tuple(t.shape) != (kv_heads, n_hi):
+            raise TQError(f"{where} has shape {list(t.shape)}, expected [{kv_heads}, {n_hi}]")
+        if t.dtype != torch.int64 or (t < 0).any() or (t >= head_dim).any():
+            raise TQError(f"{where} must hold int64 channel indices in 0..{head_dim - 1}")
+        return
+    if tuple(t.shape) != (kv_heads, head_dim):
+        raise TQError(f"{where} has shape {list(t.shape)}, expected [{kv_heads}, {head_dim}]")
+    if not torch.isfinite(t).all():
+        raise TQError(f"{where} holds NaN or Inf")
+    if name.endswith("scale") and not (t > 0).all():
+        raise TQError(f"{where} holds a scale that is not positive")

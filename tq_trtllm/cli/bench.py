@@ -1,0 +1,93 @@
+"""tq-bench: speed of the CUDA kernels against torch SDPA over an fp16 cache, in the same run."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+SHAPES = {  # name: (q heads, kv heads, head_dim)
+    "llama3-8b": (32, 8, 128),
+    "smollm2": (9, 3, 64),
+}
+
+
+def _parse_pairs(text: str) -> list[tuple[int, int]]:
+    """'1x4096,32x32768' -> [(1, 4096), (32, 32768)] (batch x context)."""
+    pairs = []
+    for item in text.split(","):
+        b, _, c = item.strip().lower().partition("x")
+        pairs.append((int(b), int(c)))
+    return pairs
+
+
+def _echo_rows(rows, as_json: bool) -> None:
+    if as_json:
+        for r in rows:
+            click.echo(json.dumps(r.as_dict()))
+        return
+    click.echo(f"{'bench':8}{'batch':>6}{'context':>9}{'q_len':>6}{'heads':>7}{'d':>5}{'K/V bits':>9}"
+               f"{'tq us':>10}{'sdpa us':>10}{'speedup':>9}{'TB/s':>7}{'append us':>11}{'append %':>9}")
+    for r in rows:
+        app = f"{r.append_us:11.1f}{r.append_pct:9.2f}" if r.append_us is not None else f"{'-':>11}{'-':>9}"
+        click.echo(f"{r.bench:8}{r.batch:>6}{r.context:>9}{r.q_len:>6}{f'{r.q_heads}/{r.kv_heads}':>7}"
+                   f"{r.head_dim:>5}{f'{r.k_bits:g}/{r.v_bits:g}':>9}{r.tq_us:10.1f}{r.sdpa_us:10.1f}"
+                   f"{r.speedup:8.2f}x{r.tq_read_tbps:7.2f}{app}")
+
+
+def _require_kernels():
+    from ..kernels import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        raise click.ClickException(f"tq-bench needs the CUDA kernels: {reason}")
+
+
+@click.group(help="Time the tq_trtllm CUDA kernels against torch SDPA (fp16 cache, enable_gqa).")
+def main():
+    pass
+
+
+@main.command(help="Decode attention (one query token per sequence by default).")
+@click.option("--shape", type=click.Choice(sorted(SHAPES)), default="llama3-8b", show_default=True)
+@click.option("--sizes", default="1x4096,1x32768,1x131072,8x32768,32x32768", show_default=True,
+              help="Comma-separated BATCHxCONTEXT.")
+@click.option("--bits", default="3", show_default=True, help="Comma-separated K/V widths, e.g. 3,4.")
+@click.option("--q-len", type=click.IntRange(1, 8), default=1, show_default=True)
+@click.option("--iters", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per row.")
+def decode(shape, sizes, bits, q_len, iters, as_json):
+    _require_kernels()
+    from ..eval.kernel_speed import Timer, decode_row
+
+    hq, hkv, d = SHAPES[shape]
+    timer = Timer(iters)
+    rows = []
+    for w in (float(x) for x in bits.split(",")):
+        for batch, context in _parse_pairs(sizes):
+            rows.append(decode_row(timer, batch, context, hq, hkv, d, w, w, q_len))
+            if as_json:
+                _echo_rows(rows[-1:], True)
+    if not as_json:
+        _echo_rows(rows, False)
+
+
+@main.command(help="Chunked prefill: CHUNK new tokens over HISTORY packed tokens (batch 1, causal).")
+@click.option("--shape", type=click.Choice(sorted(SHAPES)), default="llama3-8b", show_default=True)
+@click.option("--history", type=click.IntRange(min=0), default=32768, show_default=True)
+@click.option("--chunk", type=click.IntRange(min=1), default=2048, show_default=True)
+@click.option("--bits", default="3", show_default=True)
+@click.option("--iters", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per row.")
+def prefill(shape, history, chunk, bits, iters, as_json):
+    _require_kernels()
+    from ..eval.kernel_speed import Timer, prefill_row
+
+    hq, hkv, d = SHAPES[shape]
+    timer = Timer(iters)
+    rows = [prefill_row(timer, history, chunk, hq, hkv, d, float(w), float(w)) for w in bits.split(",")]
+    _echo_rows(rows, as_json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""tq-build: calibrate a model's KV cache and write an engine directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from ..calibration.calibrate import CalibrationOptions, calibrate
+from ..calibration.table import oblivious_table
+from ..core.errors import TQError
+from ..core.spec import parse_kv_bits
+from ..eval.corpus import CALIBRATION_BOOK, read_corpus
+from ..models.registry import FAMILIES, get_family
+from .common import clean_errors
+
+BACKENDS = ("auto", "hf", "trtllm")
+
+
+def default_calibration_text() -> tuple[str, str]:
+    """Austen's Emma when the corpus is present, else the Python reference manual that every
+    Python installation ships (pydoc_data): English prose, available offline."""
+    try:
+        return read_corpus(f"austen:{CALIBRATION_BOOK}")
+    except TQError:
+        from pydoc_data.topics import topics
+
+        return "\n\n".join(topics.values()), "Python reference manual (pydoc_data.topics)"
+
+
+@click.command(help="Calibrate a model's TurboQuant KV cache and write an engine directory.")
+@click.option("--model", "family", default="llama", show_default=True,
+              help=f"Model family: {', '.join(FAMILIES)}.")
+@click.option("--kv-bits", default="3", show_default=True,
+              help="Average code bits per coordinate (2, 2.5, 3, 3.5, 4) or a K/V pair such as k4v3.")
+@click.option("--checkpoint", type=click.Path(), default=None,
+              help="GGUF file or Hugging Face model directory (default: the embedded SmolLM2-135M-Instruct).")
+@click.option("--calib-text", default=None,
+              help="Calibration text file, or austen:BOOK (default: austen:emma if present).")
+@click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True)
+@click.option("--output", type=click.Path(), default=None,
+              help="Engine directory to create (default: engines/<model>-kv<bits>); never overwritten.")
+@click.option("--oblivious", is_flag=True, help="Plain TurboQuant: no calibration data at all.")
+@click.option("--sink-tokens", type=click.IntRange(0, 64), default=1, show_default=True,
+              help="First tokens of each sequence kept exact in fp16.")
+@click.option("--key-mean/--no-key-mean", default=True, show_default=True)
+@click.option("--key-scale/--no-key-scale", default=True, show_default=True)
+@click.option("--value-mean/--no-value-mean", default=False, show_default=True)
+@click.option("--per-layer/--uniform", default=True, show_default=True,
+              help="Per-layer widths from measured sensitivity, or the same widths in every layer.")
+@click.option("--calib-windows", type=click.IntRange(1, 256), default=8, show_default=True,
+              help="512-token windows of calibration text for the statistics.")
+@click.option("--seed", type=click.IntRange(0, 2**31), default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
+@clean_errors
+def main(family, kv_bits, checkpoint, calib_text, backend, output, oblivious, sink_tokens, key_mean,
+         key_scale, value_mean, per_layer, calib_windows, seed, as_json):
+    family = get_family(family).name
+    key_w, value_w = parse_kv_bits(kv_bits)
+    if backend == "trtllm":
+        raise TQError("the TensorRT-LLM engine path is not available yet (it needs TensorRT-LLM 1.2 and "
+                      "the QuantizedAttention plugin); use --backend hf or auto")
+    backend = "hf"
+    tag = str(kv_bits).strip().lower()
+    output = Path(output) if output else Path("engines") / f"{family}-kv{tag}"
+    if output.exists():
+        raise TQError(f"output {output} already exists; remove it or choose another --output")
+    if checkpoint is not None and not Path(checkpoint).exists():
+        raise TQError(f"checkpoint {checkpoint} does not exist")
+    text, source = (read_corpus(calib_text) if calib_text else default_calibration_text()) \
+        if not oblivious else (None, None)
+
+    from ..engine import write_engine
+    from ..models.checkpoint import load_model
+    from ..models.fingerprint import fingerprint
+
+    loaded = load_model(family, checkpoint)
+    if oblivious:
+        table = oblivious_table(fingerprint(family, loaded.config), key_w, value_w, seed, kv_bits=tag)
+    else:
+        opts = CalibrationOptions(key_mean=key_mean, key_scale=key_scale, value_mean=value_mean,
+                                  sink_tokens=sink_tokens, per_layer=per_layer, windows=calib_windows,
+                                  seed=seed)
+        table = calibrate(loaded, text, tag, opts, source=source, progress=not as_json)
+    manifest = write_engine(output, family, checkpoint, backend, table)
+    if as_json:
+        click.echo(json.dumps({"output": str(output), **manifest}))
+        return
+    avg = manifest["average_widths"]
+    click.echo(f"engine written to {output}")
+    click.echo(f"  model {family} ({loaded.checkpoint.name}), backend {backend}")
+    click.echo(f"  widths: keys {avg['key']:.2f}, values {avg['value']:.2f} code bits on average; "
+               f"{manifest['effective_bits']['bits']:.3f} effective bits per coordinate at "
+               f"{manifest['effective_bits']['context']} tokens")
+    click.echo("  per layer (K/V): " + " ".join(
+        f"{k:g}/{v:g}" for k, v in zip(manifest["key_widths"], manifest["value_widths"])))

@@ -1,0 +1,114 @@
+"""tq-eval ppl and tq-eval needle: the quantized cache's quality on a real model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from ..core.errors import TQError
+from ..eval.baselines import BASELINES
+from ..eval.corpus import EVALUATION_BOOK
+from .common import clean_errors
+
+
+def _open_engines(paths):
+    """Engines that share one model, loaded once: (loaded model, [(name, manifest, table)])."""
+    from ..calibration.tables_io import load_table
+    from ..engine import TABLES, open_engine, read_manifest
+    from ..models.fingerprint import fingerprint
+
+    if not paths:
+        raise TQError("give at least one --engine")
+    first = open_engine(paths[0])
+    out = [(Path(paths[0]).name, first.manifest, first.table)]
+    fp = fingerprint(first.loaded.family.name, first.loaded.config)
+    for path in paths[1:]:
+        manifest = read_manifest(Path(path))
+        if (manifest["model"], manifest.get("checkpoint")) != (first.manifest["model"],
+                                                                first.manifest.get("checkpoint")):
+            raise TQError(f"engine {path} is for another model than {paths[0]}; compare engines of one model")
+        out.append((Path(path).name, manifest, load_table(Path(path) / manifest.get("tables", TABLES), fp)))
+    return first.loaded, out
+
+
+@click.command(help="Perplexity and top-1 agreement: FP16 cache vs the engine's cache, same windows.")
+@click.option("--engine", "engines", multiple=True, type=click.Path(), required=True,
+              help="Engine directory; repeat to compare several engines of one model.")
+@click.option("--baseline", "baselines", multiple=True, type=click.Choice(sorted(BASELINES)),
+              help="Also measure a reference cache (repeatable).")
+@click.option("--corpus", default=f"austen:{EVALUATION_BOOK}", show_default=True,
+              help="Text file, or austen:BOOK (held out from the calibration book).")
+@click.option("--max-tokens", type=click.IntRange(min=2), default=16 * 1024, show_default=True,
+              help="Tokens of the corpus to evaluate, cut into windows.")
+@click.option("--window", type=click.IntRange(min=16), default=1024, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per engine or baseline, one a line.")
+@clean_errors
+def ppl(engines, baselines, corpus, max_tokens, window, as_json):
+    from ..eval.corpus import read_corpus
+    from ..eval.perplexity import baseline_method, compare_caches, corpus_windows, engine_method
+
+    text, source = read_corpus(corpus)
+    loaded, opened = _open_engines(engines)
+    if window > loaded.max_context:
+        raise TQError(f"--window {window} exceeds the model's context of {loaded.max_context} tokens")
+    windows = corpus_windows(loaded.tokenizer, text, window, max_tokens // window)
+    methods = {name: engine_method(table, window) for name, _, table in opened}
+    methods.update({name: baseline_method(name, loaded.model, window) for name in baselines})
+    results = compare_caches(loaded.model, windows, methods, progress=not as_json)
+    for name, r in results.items():
+        if as_json:
+            click.echo(json.dumps({"method": name, "corpus": source, **r}))
+        else:
+            lo, hi = r["delta_ci95_pct"]
+            click.echo(f"{name:>24}: ppl {r['ppl_kv']:.4f} vs fp16 {r['ppl_fp16']:.4f}  "
+                       f"delta {r['delta_pct']:+.2f}% [95% CI {lo:+.2f}, {hi:+.2f}]  "
+                       f"top-1 {100 * r['top1_agreement']:.2f}%  {r['effective_bits']:.3f} bits "
+                       f"({r['windows']} x {r['window_tokens']} tokens)")
+
+
+def _lengths(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a comma-separated list of token counts") from None
+    if not values or min(values) < 64:
+        raise click.BadParameter("give context lengths of at least 64 tokens")
+    return values
+
+
+@click.command(help="Passkey retrieval accuracy, FP16 cache vs the engine's cache.")
+@click.option("--engine", "engine_dir", type=click.Path(), required=True)
+@click.option("--lengths", default="1024,2048,4096,8000", show_default=True,
+              help="Comma-separated context lengths in tokens (at most the model's context).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@clean_errors
+def needle(engine_dir, lengths, seed, as_json):
+    from tqdm import tqdm
+
+    from ..engine import open_engine
+    from ..eval.baselines import RoundtripCache
+    from ..eval.needle import DEPTHS, check_length, passkey_accuracy
+    from ..integrations.cache import TurboQuantCache
+
+    lengths = _lengths(lengths)
+    engine = open_engine(engine_dir)
+    loaded, table = engine.loaded, engine.table
+    for n in lengths:
+        check_length(n, loaded.max_context, 8)
+    factories = {"fp16": lambda: RoundtripCache("fp16", len(table.layers), table.head_dim),
+                 "kv": lambda: TurboQuantCache(table)}
+    bar = tqdm(total=len(lengths) * len(DEPTHS) * 2, desc="passkey prompts", disable=as_json)
+    results = passkey_accuracy(loaded.model, loaded.tokenizer, lengths, factories, seed,
+                               progress=bar.update)
+    bar.close()
+    out = {"lengths": lengths, "fp16": results["fp16"], "kv": results["kv"],
+           "equal": results["fp16"] == results["kv"], "depths": list(DEPTHS)}
+    if as_json:
+        click.echo(json.dumps(out))
+        return
+    for n in lengths:
+        click.echo(f"{n:>6} tokens: fp16 {results['fp16'][n]:.2f}  quantized {results['kv'][n]:.2f}")
+    click.echo("passkey retrieval equal to FP16" if out["equal"] else "passkey retrieval DIFFERS from FP16")

@@ -1,0 +1,158 @@
+"""Timing the CUDA kernels against torch SDPA over an fp16 cache, in one process (tq-bench).
+
+Every measurement is the median of per-launch CUDA-event times with the L2 cache flushed before each
+launch (a decode step of a real model finds the cache cold: the other layers evicted it), for both
+the kernels and the baseline. The packed cache is filled by the kernels' own quantize-append from
+unit-normal vectors, so the data are realistic.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import statistics
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..core.paged import PagedLayerCache
+from ..core.quantizer import VectorCodec
+from ..core.spec import CodecSpec
+from ..kernels import KernelCache, library, quantize_append, workspace_bytes
+from ..kernels.ops import _dtype_code
+
+FLUSH_BYTES = 256 << 20
+
+
+@dataclass
+class Row:
+    bench: str
+    batch: int
+    context: int
+    q_len: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    k_bits: float
+    v_bits: float
+    tq_us: float
+    sdpa_us: float
+    speedup: float
+    packed_mb: float
+    tq_read_tbps: float
+    append_us: float | None = None
+    append_pct: float | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class Timer:
+    def __init__(self, iters: int, warmup: int = 3):
+        self.iters, self.warmup = iters, warmup
+        self.flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+
+    def median_us(self, fn) -> float:
+        for _ in range(self.warmup):
+            fn()
+        times = []
+        for _ in range(self.iters):
+            self.flush.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            times.append((start, end))
+        torch.cuda.synchronize()
+        return statistics.median(s.elapsed_time(e) * 1e3 for s, e in times)
+
+
+def packed_cache(batch: int, context: int, q_heads: int, kv_heads: int, head_dim: int,
+                 k_bits: float, v_bits: float, tokens_per_block: int = 64):
+    """A filled packed cache of `batch` sequences of `context` tokens; its KernelCache."""
+    key = VectorCodec(CodecSpec(head_dim, k_bits), seed=1)
+    value = VectorCodec(CodecSpec(head_dim, v_bits), seed=2)
+    blocks = (context + tokens_per_block - 1) // tokens_per_block
+    cache = PagedLayerCache(key, value, kv_heads, tokens_per_block, batch * blocks * 2, "cuda")
+    table = torch.randperm(batch * blocks * 2, device="cuda").int().view(batch, 2, blocks)
+    kc = KernelCache(cache, table)
+    step = max(1, (1 << 22) // (kv_heads * head_dim))  # tokens per fill launch
+    for b in range(batch):
+        for p0 in range(0, context, step):
+            n = min(step, context - p0)
+            x = torch.randn(2, n, kv_heads, head_dim, device="cuda", dtype=torch.float16)
+            quantize_append(kc, x[0], x[1], torch.full((n,), b, device="cuda", dtype=torch.int32),
+                            torch.arange(p0, p0 + n, device="cuda", dtype=torch.int32))
+    return cache, kc
+
+
+def raw_attention_call(kc: KernelCache, fn_name: str, q: torch.Tensor, kv_lens: torch.Tensor,
+                       max_kv_len: int):
+    """The library call with every argument prepared once (no per-call Python allocation)."""
+    batch, q_len, hq, d = q.shape
+    out = torch.empty_like(q)
+    ws = torch.empty(workspace_bytes(batch, q_len, hq, kc.cache.num_kv_heads, d, max_kv_len),
+                     dtype=torch.uint8, device="cuda")
+    fn = getattr(library(), fn_name)
+    args = (ctypes.byref(kc.struct), q.data_ptr(), out.data_ptr(), _dtype_code(q.dtype),
+            kv_lens.data_ptr(), max_kv_len, batch, q_len, hq, d**-0.5, ws.data_ptr(), ws.numel(),
+            ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+
+    def call():
+        status = fn(*args)
+        if status:
+            raise RuntimeError(library().tq_last_error().decode())
+    return call, out
+
+
+def decode_row(timer: Timer, batch: int, context: int, q_heads: int, kv_heads: int, head_dim: int,
+               k_bits: float, v_bits: float, q_len: int = 1) -> Row:
+    cache, kc = packed_cache(batch, context, q_heads, kv_heads, head_dim, k_bits, v_bits)
+    q = torch.randn(batch, q_len, q_heads, head_dim, device="cuda", dtype=torch.float16)
+    lens = torch.full((batch,), context, device="cuda", dtype=torch.int32)
+    call, _ = raw_attention_call(kc, "tq_decode_attention", q, lens, context)
+    tq_us = timer.median_us(call)
+    # one decode step's append: q_len tokens per sequence, rewritten at the last positions
+    n = batch * q_len
+    kv_new = torch.randn(2, n, kv_heads, head_dim, device="cuda", dtype=torch.float16)
+    seq = torch.arange(batch, device="cuda", dtype=torch.int32).repeat_interleave(q_len)
+    pos = (context - q_len + torch.arange(q_len, device="cuda", dtype=torch.int32)).repeat(batch)
+    append_us = timer.median_us(lambda: quantize_append(kc, kv_new[0], kv_new[1], seq, pos))
+    del cache, kc
+    sdpa_us = sdpa_decode_us(timer, batch, context, q_heads, kv_heads, head_dim, q_len)
+    nbytes = packed_bytes_of(batch, context, kv_heads, head_dim, k_bits, v_bits)
+    return Row("decode", batch, context, q_len, q_heads, kv_heads, head_dim, k_bits, v_bits,
+               tq_us, sdpa_us, sdpa_us / tq_us, nbytes / 1e6, nbytes / tq_us / 1e6, append_us,
+               100.0 * append_us / tq_us)
+
+
+def packed_bytes_of(batch, context, kv_heads, head_dim, k_bits, v_bits) -> int:
+    per_token = CodecSpec(head_dim, k_bits).bytes_per_token + CodecSpec(head_dim, v_bits).bytes_per_token
+    return batch * context * kv_heads * per_token
+
+
+def sdpa_decode_us(timer: Timer, batch, context, q_heads, kv_heads, head_dim, q_len) -> float:
+    q = torch.randn(batch, q_heads, q_len, head_dim, device="cuda", dtype=torch.float16)
+    k = torch.randn(batch, kv_heads, context, head_dim, device="cuda", dtype=torch.float16)
+    v = torch.randn_like(k)
+    mask = None
+    if q_len > 1:  # the new tokens sit at the end: bottom-right causal
+        qpos = torch.arange(context - q_len, context, device="cuda")[:, None]
+        mask = torch.arange(context, device="cuda")[None, :] <= qpos
+    return timer.median_us(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                                  enable_gqa=True))
+
+
+def prefill_row(timer: Timer, history: int, chunk: int, q_heads: int, kv_heads: int,
+                head_dim: int, k_bits: float, v_bits: float) -> Row:
+    total = history + chunk
+    cache, kc = packed_cache(1, total, q_heads, kv_heads, head_dim, k_bits, v_bits)
+    q = torch.randn(1, chunk, q_heads, head_dim, device="cuda", dtype=torch.float16)
+    lens = torch.full((1,), total, device="cuda", dtype=torch.int32)
+    call, _ = raw_attention_call(kc, "tq_prefill_attention", q, lens, total)
+    tq_us = timer.median_us(call)
+    del cache, kc
+    sdpa_us = sdpa_decode_us(timer, 1, total, q_heads, kv_heads, head_dim, chunk)
+    nbytes = packed_bytes_of(1, total, kv_heads, head_dim, k_bits, v_bits)
+    return Row("prefill", 1, total, chunk, q_heads, kv_heads, head_dim, k_bits, v_bits, tq_us,
+               sdpa_us, sdpa_us / tq_us, nbytes / 1e6, nbytes / tq_us / 1e6)

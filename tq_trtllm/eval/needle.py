@@ -1,0 +1,58 @@
+"""Passkey retrieval: a five-digit key hidden at several depths of filler text; the model must
+repeat it. Run with the fp16 cache and the quantized cache on the same prompts."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from ..core.errors import TQError
+from ..integrations.attention import use_turboquant_attention
+
+FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ")
+QUESTION = "\nWhat is the pass key? The pass key is"
+DEPTHS = (0.1, 0.5, 0.9)
+
+
+def passkey_prompt(tokenizer, length: int, depth: float, key: str) -> torch.Tensor:
+    """Token ids of about `length` tokens with the key sentence at relative `depth` of the filler."""
+    needle = f" The pass key is {key}. Remember it. {key} is the pass key. "
+    fixed = len(tokenizer(needle + QUESTION, add_special_tokens=False)["input_ids"])
+    filler_ids = tokenizer(FILLER, add_special_tokens=False)["input_ids"]
+    n_filler = max(0, length - fixed)
+    filler = (filler_ids * (n_filler // len(filler_ids) + 1))[:n_filler]
+    cut = int(len(filler) * depth)
+    text = tokenizer.decode(filler[:cut]) + needle + tokenizer.decode(filler[cut:]) + QUESTION
+    return tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+
+
+def check_length(length: int, max_context: int, new_tokens: int) -> None:
+    if length + new_tokens > max_context:
+        raise TQError(f"context length {length} plus {new_tokens} new tokens exceeds the model's "
+                      f"limit of {max_context} tokens")
+
+
+def passkey_accuracy(model, tokenizer, lengths, cache_factories: dict, seed: int = 0,
+                     depths=DEPTHS, progress=None) -> dict:
+    """cache_factories: name -> zero-argument cache factory. Returns name -> {length: accuracy}."""
+    use_turboquant_attention(model)
+    max_context = int(getattr(model.config, "max_position_embeddings", 2048))
+    rng = random.Random(seed)
+    results = {name: {} for name in cache_factories}
+    for length in lengths:
+        check_length(length, max_context, 8)
+        trials = [(depth, str(rng.randint(10000, 99999))) for depth in depths]
+        for name, factory in cache_factories.items():
+            hits = 0
+            for depth, key in trials:
+                ids = passkey_prompt(tokenizer, length, depth, key)
+                with torch.inference_mode():
+                    out = model.generate(ids, attention_mask=torch.ones_like(ids),
+                                         past_key_values=factory(), max_new_tokens=8,
+                                         do_sample=False, pad_token_id=tokenizer.eos_token_id)
+                hits += key in tokenizer.decode(out[0, ids.shape[1]:])
+                if progress:
+                    progress()
+            results[name][length] = hits / len(trials)
+    return results

@@ -1,0 +1,85 @@
+"""Perplexity and top-1 agreement of quantized caches against an fp16 cache, on the same windows.
+
+Each window is one forward pass through a fresh cache, so every position's keys and values are read
+back from the quantized cache. The comparison is paired: per window, the difference of mean
+negative log-likelihoods; its mean and a t-interval give the perplexity ratio and its 95% CI.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from scipy import stats as scipy_stats
+from tqdm import tqdm
+
+from ..calibration.capture import token_windows
+from ..calibration.table import KVTable
+from ..core.errors import TQError
+from ..integrations.attention import use_turboquant_attention
+from ..integrations.cache import TurboQuantCache
+from .baselines import RoundtripCache, baseline_effective_bits
+
+MIN_WINDOWS = 2
+
+
+def _forward(model, ids: torch.Tensor, cache) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean NLL of next-token prediction, argmax predictions [T-1]) for one window [T]."""
+    logits = model(input_ids=ids[None], past_key_values=cache, use_cache=True).logits[0, :-1].float()
+    nll = torch.nn.functional.cross_entropy(logits, ids[1:])
+    return nll, logits.argmax(dim=-1)
+
+
+def compare_caches(model, windows: torch.Tensor, methods: dict, progress: bool = False) -> dict:
+    """methods: name -> (zero-argument cache factory, effective bits). Returns name -> metrics."""
+    if windows.shape[0] < MIN_WINDOWS:
+        raise TQError(f"the corpus gives {windows.shape[0]} windows; at least {MIN_WINDOWS} are needed "
+                      "for a confidence interval (use a longer corpus or a shorter --window)")
+    cfg = model.config
+    use_turboquant_attention(model)
+    base_nll, nll, agree = [], {m: [] for m in methods}, {m: [] for m in methods}
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    with torch.inference_mode():
+        for ids in tqdm(windows, desc="perplexity windows", disable=not progress):
+            ref_nll, ref_top = _forward(model, ids, RoundtripCache("fp16", cfg.num_hidden_layers, head_dim))
+            base_nll.append(ref_nll.item())
+            for name, (factory, _) in methods.items():
+                n, top = _forward(model, ids, factory())
+                nll[name].append(n.item())
+                agree[name].append((top == ref_top).float().mean().item())
+    base = torch.tensor(base_nll, dtype=torch.float64)
+    return {name: _summary(base, torch.tensor(nll[name], dtype=torch.float64), agree[name], bits,
+                           windows.shape)
+            for name, (_, bits) in methods.items()}
+
+
+def _summary(base: torch.Tensor, quant: torch.Tensor, agree: list, bits: float, shape) -> dict:
+    diff = quant - base
+    n = diff.numel()
+    half = scipy_stats.t.ppf(0.975, n - 1) * diff.std(unbiased=True).item() / math.sqrt(n)
+    mean = diff.mean().item()
+    return {
+        "ppl_fp16": math.exp(base.mean().item()),
+        "ppl_kv": math.exp(quant.mean().item()),
+        "delta_pct": 100 * (math.exp(mean) - 1),
+        "delta_ci95_pct": [100 * (math.exp(mean - half) - 1), 100 * (math.exp(mean + half) - 1)],
+        "top1_agreement": sum(agree) / len(agree),
+        "effective_bits": bits,
+        "windows": int(shape[0]),
+        "window_tokens": int(shape[1]),
+    }
+
+
+def engine_method(table: KVTable, window: int):
+    return (lambda: TurboQuantCache(table)), table.effective_bits(window)
+
+
+def baseline_method(name: str, model, window: int):
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return (lambda: RoundtripCache(name, cfg.num_hidden_layers, head_dim)), \
+        baseline_effective_bits(name, head_dim)
+
+
+def corpus_windows(tokenizer, text: str, window: int, count: int) -> torch.Tensor:
+    return token_windows(tokenizer, text, window, count)

@@ -1,0 +1,195 @@
+"""Torch-facing calls of the CUDA kernels: tensors' data pointers and the current stream go in.
+
+KernelCache describes a PagedLayerCache (tq_trtllm.core.paged) on the GPU to the library; the
+functions below launch on torch.cuda.current_stream() and raise TQError on any bad input.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from ..core.errors import TQError
+from ..core.paged import PagedLayerCache
+from ..core.quantizer import VectorCodec
+from ._lib import BF16, FP16, MAX_GROUPS, TqCodec, TqPagedCache, check, library
+
+_DTYPES = {torch.float16: FP16, torch.bfloat16: BF16}
+
+
+def _dtype_code(dtype: torch.dtype) -> int:
+    if dtype not in _DTYPES:
+        raise TQError(f"the kernels take float16 or bfloat16 activations, got {dtype}")
+    return _DTYPES[dtype]
+
+
+def _stream() -> ctypes.c_void_p:
+    return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+
+def _per_head(t: torch.Tensor | None, heads: int, head_dim: int, dtype, device):
+    """A [heads, head_dim] contiguous device copy of a broadcastable per-channel table, or None."""
+    if t is None:
+        return None
+    return t.to(device=device, dtype=dtype).expand(heads, head_dim).contiguous()
+
+
+class DeviceCodec:
+    """tq_codec for one VectorCodec, holding the device tables its pointers name."""
+
+    def __init__(self, codec: VectorCodec, num_kv_heads: int, device):
+        spec = codec.spec
+        if codec.rotation != "hadamard":
+            raise TQError("the kernels implement the Hadamard rotation only")
+        d = spec.head_dim
+        self.perm = _per_head(codec.perm, num_kv_heads, d, torch.int32, device)
+        self.mean = _per_head(codec.mean, num_kv_heads, d, torch.float32, device)
+        self.scale = _per_head(codec.scale, num_kv_heads, d, torch.float32, device)
+        s = TqCodec()
+        s.head_dim = d
+        s.num_groups = len(spec.groups)
+        for i, g in enumerate(spec.groups):
+            s.group_dim[i], s.group_bits[i] = g.dim, g.bits
+            for k, c in enumerate(codec.codebooks[i].tolist()):
+                s.codebook[i][k] = c
+        s.seed = codec.seed
+        s.perm = self.perm.data_ptr() if self.perm is not None else None
+        s.mean = self.mean.data_ptr() if self.mean is not None else None
+        s.scale = self.scale.data_ptr() if self.scale is not None else None
+        self.struct = s
+
+
+class KernelCache:
+    """tq_paged_cache over a PagedLayerCache whose pools live on a CUDA device.
+
+    block_table: int32 [batch, 2, max_blocks] on the same device (chunk indices for K and V).
+    """
+
+    def __init__(self, cache: PagedLayerCache, block_table: torch.Tensor):
+        pools = cache.pools
+        if not all(p.is_cuda for p in pools) or not block_table.is_cuda:
+            raise TQError("KernelCache needs the pools and the block table on a CUDA device")
+        if block_table.dtype != torch.int32 or block_table.dim() != 3 or block_table.shape[1] != 2:
+            raise TQError(f"block_table must be int32 [batch, 2, max_blocks], got "
+                          f"{block_table.dtype} {list(block_table.shape)}")
+        self.cache = cache
+        self.block_table = block_table.contiguous()
+        device = pools[0].device
+        h = cache.num_kv_heads
+        self.key = DeviceCodec(cache.key, h, device)
+        self.value = DeviceCodec(cache.value, h, device)
+        s = TqPagedCache()
+        s.k_pool, s.v_pool = pools[0].data_ptr(), pools[1].data_ptr()
+        s.k_chunk_bytes, s.v_chunk_bytes = cache.chunk_bytes
+        s.block_table = self.block_table.data_ptr()
+        s.max_blocks = self.block_table.shape[2]
+        s.tokens_per_block = cache.tokens_per_block
+        s.num_kv_heads = h
+        s.num_chunks = pools[0].shape[0]
+        s.key, s.value = self.key.struct, self.value.struct
+        self.struct = s
+
+    @property
+    def batch(self) -> int:
+        return self.block_table.shape[0]
+
+    @property
+    def head_dim(self) -> int:
+        return self.cache.key.spec.head_dim
+
+
+def page_bytes(codec: VectorCodec, tokens_per_block: int) -> int:
+    """tq_page_bytes: the library's page size for a codec (it must equal PageLayout's)."""
+    dc = DeviceCodec(codec, 1, "cpu") if codec.perm is None and codec.mean is None \
+        and codec.scale is None else None
+    if dc is None:
+        raise TQError("page_bytes takes a codec without per-head tables")
+    n = library().tq_page_bytes(ctypes.byref(dc.struct), tokens_per_block)
+    if n < 0:
+        check(1, "tq_page_bytes")
+    return n
+
+
+def _check_rows(name: str, t: torch.Tensor, heads: int, head_dim: int) -> None:
+    if t.dim() != 3 or t.shape[1] != heads or t.shape[2] != head_dim or t.stride(2) != 1 \
+            or t.stride(1) != head_dim:
+        raise TQError(f"{name} must be [tokens, {heads}, {head_dim}] with contiguous heads, got "
+                      f"{list(t.shape)} strides {t.stride()}")
+
+
+def quantize_append(kc: KernelCache, k: torch.Tensor, v: torch.Tensor, seq_idx: torch.Tensor,
+                    pos: torch.Tensor) -> None:
+    """Quantize k, v ([n, num_kv_heads, head_dim], fp16/bf16) into (seq_idx[i], pos[i])."""
+    h, d = kc.cache.num_kv_heads, kc.head_dim
+    _check_rows("k", k, h, d)
+    _check_rows("v", v, h, d)
+    if k.shape != v.shape or k.dtype != v.dtype or k.stride(0) != v.stride(0):
+        raise TQError("k and v must share shape, dtype and token stride")
+    seq_idx = seq_idx.to(device=k.device, dtype=torch.int32).contiguous()
+    pos = pos.to(device=k.device, dtype=torch.int32).contiguous()
+    if seq_idx.numel() != k.shape[0] or pos.numel() != k.shape[0]:
+        raise TQError("seq_idx and pos need one entry per token")
+    check(library().tq_quantize_append(
+        ctypes.byref(kc.struct), k.data_ptr(), v.data_ptr(), k.stride(0), _dtype_code(k.dtype),
+        seq_idx.data_ptr(), pos.data_ptr(), k.shape[0], kc.batch, _stream()), "tq_quantize_append")
+
+
+def workspace_bytes(batch: int, q_len: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                    max_kv_len: int) -> int:
+    return library().tq_attention_workspace_bytes(batch, q_len, num_q_heads, num_kv_heads,
+                                                  head_dim, max_kv_len)
+
+
+def _attention(fn_name: str, kc: KernelCache, q: torch.Tensor, kv_lens: torch.Tensor,
+               max_kv_len: int, softmax_scale: float | None, out: torch.Tensor | None,
+               workspace: torch.Tensor | None) -> torch.Tensor:
+    if q.dim() != 4 or q.shape[-1] != kc.head_dim or not q.is_contiguous():
+        raise TQError(f"q must be contiguous [batch, q_len, num_q_heads, {kc.head_dim}], got "
+                      f"{list(q.shape)}")
+    batch, q_len, hq, d = q.shape
+    if batch > kc.batch:
+        raise TQError(f"q has batch {batch} but the block table has {kc.batch} rows")
+    kv_lens = kv_lens.to(device=q.device, dtype=torch.int32).contiguous()
+    if kv_lens.numel() != batch:
+        raise TQError("kv_lens needs one length per sequence")
+    out = torch.empty_like(q) if out is None else out
+    if out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():
+        raise TQError("out must be a contiguous tensor shaped and typed like q")
+    need = workspace_bytes(batch, q_len, hq, kc.cache.num_kv_heads, d, max_kv_len)
+    if workspace is None:
+        workspace = torch.empty(need, dtype=torch.uint8, device=q.device)
+    scale = d**-0.5 if softmax_scale is None else softmax_scale
+    fn = getattr(library(), fn_name)
+    check(fn(ctypes.byref(kc.struct), q.data_ptr(), out.data_ptr(), _dtype_code(q.dtype),
+             kv_lens.data_ptr(), max_kv_len, batch, q_len, hq, scale, workspace.data_ptr(),
+             workspace.numel() * workspace.element_size(), _stream()), fn_name)
+    return out
+
+
+def decode_attention(kc: KernelCache, q: torch.Tensor, kv_lens: torch.Tensor, max_kv_len: int,
+                     softmax_scale: float | None = None, out: torch.Tensor | None = None,
+                     workspace: torch.Tensor | None = None) -> torch.Tensor:
+    """q: [batch, q_len (1..8), num_q_heads, head_dim]; the last q_len positions of each sequence."""
+    return _attention("tq_decode_attention", kc, q, kv_lens, max_kv_len, softmax_scale, out,
+                      workspace)
+
+
+def prefill_attention(kc: KernelCache, q: torch.Tensor, kv_lens: torch.Tensor, max_kv_len: int,
+                      softmax_scale: float | None = None, out: torch.Tensor | None = None,
+                      workspace: torch.Tensor | None = None) -> torch.Tensor:
+    """Like decode_attention for a chunk of any number of new query tokens (causal)."""
+    return _attention("tq_prefill_attention", kc, q, kv_lens, max_kv_len, softmax_scale, out,
+                      workspace)
+
+
+def dequantize(kc: KernelCache, seq: int, start: int, length: int,
+               dtype: torch.dtype = torch.float16) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of positions [start, start + length) of `seq`: [length, num_kv_heads, head_dim]."""
+    shape = (length, kc.cache.num_kv_heads, kc.head_dim)
+    device = kc.block_table.device
+    k = torch.empty(shape, dtype=dtype, device=device)
+    v = torch.empty(shape, dtype=dtype, device=device)
+    check(library().tq_dequantize(ctypes.byref(kc.struct), seq, start, length, k.data_ptr(),
+                                  v.data_ptr(), _dtype_code(dtype), _stream()), "tq_dequantize")
+    return k, v

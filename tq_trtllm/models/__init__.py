@@ -1,0 +1,1 @@
+"""Model families, checkpoint loading and model fingerprints (what the calibration tables are tied to)."""

@@ -1,0 +1,49 @@
+"""The model families whose attention the TurboQuant runtime supports.
+
+A family is supported when its transformers attention module applies RoPE, calls `cache.update` with
+post-RoPE keys and values, and then the registered attention function: the cache and attention in
+`tq_trtllm.integrations` plug into exactly those two calls. Llama, Mistral and Qwen2 share that code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..core.errors import TQError
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    model_types: tuple[str, ...]  # transformers' config.model_type values of this family
+    description: str
+
+
+FAMILIES = {
+    "llama": Family("llama", ("llama",), "Llama 2/3 and SmolLM2 (the default: SmolLM2-135M-Instruct)"),
+    "mistral": Family("mistral", ("mistral",), "Mistral (full attention; sliding-window configs refused)"),
+    "qwen2": Family("qwen2", ("qwen2",), "Qwen2 / Qwen2.5 (full attention)"),
+}
+
+
+def supported_text() -> str:
+    return ", ".join(sorted(FAMILIES))
+
+
+def get_family(name: str) -> Family:
+    family = FAMILIES.get(str(name).strip().lower())
+    if family is None:
+        raise TQError(f"model family {name!r} is not supported; supported families: {supported_text()}")
+    return family
+
+
+def check_config(family: Family, config) -> None:
+    """Refuse a checkpoint whose architecture is not the named family, or uses sliding windows."""
+    model_type = getattr(config, "model_type", None)
+    if model_type not in family.model_types:
+        raise TQError(f"the checkpoint is a {model_type!r} model, not the {family.name!r} family "
+                      f"(supported families: {supported_text()})")
+    uses_window = getattr(config, "use_sliding_window", model_type == "mistral")
+    if uses_window and getattr(config, "sliding_window", None):
+        raise TQError(f"the checkpoint uses sliding-window attention (window {config.sliding_window}); "
+                      "the TurboQuant cache supports full attention only")

@@ -1,0 +1,102 @@
+"""The QuantizedAttention plugin's fields for one layer, and its binary calibration table.
+
+The table layout is specified in docs/PLUGIN.md ("Calibration table field") and read by
+plugin_cpp/plugin/calib_table.cpp; this module is its one writer. No TensorRT import: values come
+back as plain Python/numpy so a builder wraps them in trt.PluginField itself.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from ..core.errors import TQError
+from ..core.quantizer import VectorCodec
+from ..core.spec import FORMAT_VERSION
+
+TABLE_MAGIC = b"TQCT"
+TABLE_VERSION = 1
+HEADER = struct.Struct("<4sIII Q iiiii I Q II")  # 64 bytes, field order as in docs/PLUGIN.md
+ROPE_SCALING = {"none": 0, "linear": 1, "llama3": 2}
+
+# Flag bits: which optional arrays follow the codebooks, in this order.
+OPTIONAL_ARRAYS = (("key", "mean", 1 << 0), ("key", "scale", 1 << 1), ("key", "perm", 1 << 2),
+                   ("value", "mean", 1 << 3), ("value", "scale", 1 << 4), ("value", "perm", 1 << 5))
+
+
+def fingerprint_u64(fingerprint: dict) -> int:
+    """The model fingerprint as the plugin compares it: the 64-bit config hash."""
+    return int(fingerprint["config_hash"], 16)
+
+
+def _fnv1a(data: bytes) -> int:
+    h = 2166136261
+    for byte in data:
+        h = ((h ^ byte) * 16777619) & 0xFFFFFFFF
+    return h
+
+
+def _per_head(t, kv_heads: int, head_dim: int) -> np.ndarray | None:
+    if t is None:
+        return None
+    a = np.asarray(t.detach().cpu() if hasattr(t, "detach") else t, dtype=np.float64)
+    return np.broadcast_to(a, (kv_heads, head_dim))
+
+
+def calibration_table_bytes(key: VectorCodec, value: VectorCodec, *, layer_idx: int, kv_heads: int,
+                            fingerprint: int) -> bytes:
+    """One layer's table from its two codecs (their codebooks, means, scales, permutations)."""
+    head_dim = key.spec.head_dim
+    if value.spec.head_dim != head_dim:
+        raise TQError("keys and values must share head_dim")
+    arrays: dict[tuple[str, str], np.ndarray | None] = {}
+    for side, codec in (("key", key), ("value", value)):
+        arrays[side, "mean"] = _per_head(codec.mean, kv_heads, head_dim)
+        arrays[side, "scale"] = _per_head(codec.scale, kv_heads, head_dim)
+        perm = codec.perm
+        arrays[side, "perm"] = None if perm is None else np.broadcast_to(
+            np.asarray(perm, dtype=np.int64), (kv_heads, head_dim))
+    payload = b"".join(np.asarray(c, dtype="<f4").tobytes() for codec in (key, value) for c in codec.codebooks)
+    flags = 0
+    for side, name, bit in OPTIONAL_ARRAYS:
+        a = arrays[side, name]
+        if a is None:
+            continue
+        flags |= bit
+        payload += np.ascontiguousarray(a, dtype="<i4" if name == "perm" else "<f4").tobytes()
+    header = HEADER.pack(TABLE_MAGIC, TABLE_VERSION, FORMAT_VERSION, HEADER.size, fingerprint & (2**64 - 1),
+                         layer_idx, kv_heads, head_dim, int(key.spec.width * 2), int(value.spec.width * 2),
+                         flags, len(payload), _fnv1a(payload), 0)
+    return header + payload
+
+
+def plugin_fields(key: VectorCodec, value: VectorCodec, *, num_q_heads: int, kv_heads: int, layer_idx: int,
+                  tokens_per_block: int, fingerprint: int, rope_base: float, rope_scaling: str = "none",
+                  rope_factor: float = 1.0, rope_low_freq_factor: float = 1.0,
+                  rope_high_freq_factor: float = 4.0, rope_original_max_positions: int = 8192) -> dict:
+    """name -> numpy array (dtype = the field's type; the table as uint8 for kUNKNOWN)."""
+    if key.seed != value.seed:
+        raise TQError("the plugin takes one rotation seed for keys and values of a layer")
+    if rope_scaling not in ROPE_SCALING:
+        raise TQError(f"rope scaling {rope_scaling!r} is not supported; use one of {', '.join(ROPE_SCALING)}")
+    table = calibration_table_bytes(key, value, layer_idx=layer_idx, kv_heads=kv_heads, fingerprint=fingerprint)
+    i32, f32 = np.int32, np.float32
+    return {
+        "num_q_heads": np.array([num_q_heads], i32),
+        "num_kv_heads": np.array([kv_heads], i32),
+        "head_dim": np.array([key.spec.head_dim], i32),
+        "layer_idx": np.array([layer_idx], i32),
+        "tokens_per_block": np.array([tokens_per_block], i32),
+        "key_width": np.array([key.spec.width], f32),
+        "value_width": np.array([value.spec.width], f32),
+        "rotation_seed": np.array([key.seed & 0xFFFFFFFF], np.uint32).view(i32),
+        "model_fingerprint": np.array([fingerprint & (2**64 - 1)], np.uint64).view(np.int64),
+        "rope_base": np.array([rope_base], f32),
+        "rope_scaling_type": np.array([ROPE_SCALING[rope_scaling]], i32),
+        "rope_scaling_factor": np.array([rope_factor], f32),
+        "rope_low_freq_factor": np.array([rope_low_freq_factor], f32),
+        "rope_high_freq_factor": np.array([rope_high_freq_factor], f32),
+        "rope_original_max_positions": np.array([rope_original_max_positions], i32),
+        "calibration_table": np.frombuffer(table, dtype=np.uint8),
+    }
