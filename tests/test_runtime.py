@@ -110,3 +110,35 @@ def test_beam_search_is_refused_clearly(model):
     cache = TurboQuantCache(table_for(model, 3))
     with pytest.raises(TQError, match="beam search"):
         cache.reorder_cache(torch.tensor([0]))
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen2"])
+def test_other_families_run_with_the_cache(family, gen):
+    """Mistral and Qwen2 call cache.update and the attention interface as Llama does."""
+    import transformers
+
+    from tq_trtllm.models.registry import check_config, get_family
+
+    config_class = {"mistral": transformers.MistralConfig, "qwen2": transformers.Qwen2Config}[family]
+    config = config_class(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                          max_position_embeddings=256, sliding_window=None)
+    check_config(get_family(family), config)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    use_turboquant_attention(model)
+    ids = torch.randint(0, 64, (1, 24), generator=gen)
+    ref = logits(model, ids, RoundtripCache("fp16", 2, 64))
+    table = oblivious_table(fingerprint(family, config), 4, 4)
+    out = logits(model, ids, TurboQuantCache(table))
+    assert ((out - ref).norm() / ref.norm()).item() < 1.5 * 0.0095**0.5
+
+
+def test_sliding_window_models_are_refused():
+    import transformers
+
+    from tq_trtllm.models.registry import check_config, get_family
+
+    config = transformers.MistralConfig(sliding_window=4096)
+    with pytest.raises(TQError, match="sliding-window"):
+        check_config(get_family("mistral"), config)

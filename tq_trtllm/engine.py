@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
+from .calibration.calibrate import REFERENCE_CONTEXT
 from .calibration.table import KVTable
 from .calibration.tables_io import load_table, save_table
 from .core.errors import TQError
@@ -25,7 +26,6 @@ from .models.fingerprint import fingerprint
 ENGINE_VERSION = 1
 MANIFEST = "manifest.json"
 TABLES = "tables.safetensors"
-REFERENCE_CONTEXT = 1024
 
 
 @dataclass

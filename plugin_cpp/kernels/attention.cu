@@ -6,9 +6,11 @@
 // into the keys' domain (FORMAT.md "Attention never needs step 5"), softmax scale and log2(e)
 // folded in, and held as fp16 mma A fragments. Each warp streams 16-token tiles of the split
 // (cp.async into shared memory, kStages deep), decodes codes to fp16 centroids in registers with
-// byte-permute look-up tables (tile_decode.cuh), and computes S = Q K^T (tokens in N) and O += P V on tensor cores with an online softmax in base
-// 2. Norms multiply the scores (keys) and the probabilities (values), so centroids are decoded
-// unscaled. The 4 warps' states are combined and written as one partial state per split.
+// byte-permute look-up tables (tile_decode.cuh), and computes S = Q K^T (tokens in N) and
+// O += P V on tensor cores with an online softmax in base 2. Norms multiply the scores (keys) and
+// the probabilities (values), so centroids are decoded unscaled. The 4 warps' states are combined and written as one partial state per split.
+// Equal integer K/V widths 2, 3 and 4 get kernels whose tile offsets and widths are compile-time
+// constants (tile_shape); every other width runs the same code with them read at run time.
 // The key mean is not needed: q . mu is the same for every key of a query row and softmax is
 // invariant to a per-row shift.
 // Pass 2 (merge_kernel): one warp per query row merges the splits, rotates the output back
@@ -51,7 +53,7 @@ struct SmemPlan {
 };
 
 template <int D>
-__host__ __device__ inline SmemPlan smem_plan(const CodecLayout& kt, const CodecLayout& vt) {
+__host__ __device__ inline SmemPlan smem_plan(const PageShape& kt, const PageShape& vt) {
   SmemPlan p{};
   p.q_half = 0;                                      // __half[16][D + 8]
   p.q_frag = kRows * (D + 8) * 2;                    // uint4[D / 16][32]: query A fragments
@@ -66,8 +68,8 @@ __host__ __device__ inline SmemPlan smem_plan(const CodecLayout& kt, const Codec
 }
 
 // Copies tokens [slot0, slot0 + 16) of a page into a 16-token tile with the same codec layout.
-__device__ inline void stage_page_tile(uint8_t* tile, const uint8_t* page, const CodecLayout& pl,
-                                       const CodecLayout& tl, int slot0) {
+__device__ inline void stage_page_tile(uint8_t* tile, const uint8_t* page, const PageShape& pl,
+                                       const PageShape& tl, int slot0) {
   const int lane = threadIdx.x & 31;
   for (int g = 0; g < pl.num_groups; ++g) {
     const GroupLayout& pg = pl.group[g];
@@ -84,11 +86,21 @@ __device__ inline void stage_page_tile(uint8_t* tile, const uint8_t* page, const
   }
 }
 
-__device__ inline float tile_norm(const uint8_t* tile, const CodecLayout& tl, int g, int token) {
+__device__ inline float tile_norm(const uint8_t* tile, const PageShape& tl, int g, int token) {
   return __half2float(reinterpret_cast<const __half*>(tile + tl.norm_off)[g * kTile + token]);
 }
 
-template <int D, int KG, int VG, typename T>
+// The 16-token tile shape of a codec: computed at compile time when the kernel is specialized for
+// the width (B = bits of group 0), so that every offset and width below is a constant; else the
+// runtime shape.
+template <int D, int G, int B>
+__device__ inline PageShape tile_shape(const PageShape& runtime) {
+  if constexpr (B > 0) return page_shape(D, G, B, G == 2 ? B - 1 : B, kTile);
+  else return runtime;
+}
+
+// KG, VG: groups of the key and value codecs; KB, VB: their group-0 bits, or 0 for any width.
+template <int D, int KG, int VG, int KB, int VB, typename T>
 __global__ void __launch_bounds__(32 * kWarps, kCtasPerSm) attention_split_kernel(AttnArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -98,8 +110,8 @@ __global__ void __launch_bounds__(32 * kWarps, kCtasPerSm) attention_split_kerne
   const int heads = a.cache.num_kv_heads;
   const CodecLayout& kl = a.cache.codec[0];
   const CodecLayout& vl = a.cache.codec[1];
-  const CodecLayout& kt = a.tile[0];
-  const CodecLayout& vt = a.tile[1];
+  const PageShape kt = tile_shape<D, KG, KB>(a.tile[0]);
+  const PageShape vt = tile_shape<D, VG, VB>(a.tile[1]);
   const SmemPlan plan = smem_plan<D>(kt, vt);
   __half* q_s = reinterpret_cast<__half*>(smem + plan.q_half);
   ByteTables* tables = reinterpret_cast<ByteTables*>(smem + plan.tables);  // [kv * 2 + group]
@@ -464,13 +476,25 @@ size_t workspace_bytes(const SplitPlan& p, int batch, int num_kv_heads, int head
   return slots * head_dim * sizeof(float) + slots * sizeof(float2) + 16;
 }
 
+// The split kernel for these codecs: specialized for the common equal K/V integer widths.
+template <int D, typename T>
+void (*split_kernel_for(const CacheView& c))(AttnArgs) {
+  const int kg = c.codec[0].num_groups, vg = c.codec[1].num_groups;
+  const int kb = c.codec[0].group[0].bits, vb = c.codec[1].group[0].bits;
+  if (kg == 1 && vg == 1 && kb == vb) {
+    if (kb == 3) return attention_split_kernel<D, 1, 1, 3, 3, T>;
+    if (kb == 4) return attention_split_kernel<D, 1, 1, 4, 4, T>;
+    if (kb == 2) return attention_split_kernel<D, 1, 1, 2, 2, T>;
+  }
+  if (kg == 1) return vg == 1 ? attention_split_kernel<D, 1, 1, 0, 0, T> : attention_split_kernel<D, 1, 2, 0, 0, T>;
+  return vg == 1 ? attention_split_kernel<D, 2, 1, 0, 0, T> : attention_split_kernel<D, 2, 2, 0, 0, T>;
+}
+
 template <int D, typename T>
 tq_status launch(AttnArgs& a, int batch, cudaStream_t stream) {
   const SmemPlan plan = smem_plan<D>(a.tile[0], a.tile[1]);
   const dim3 grid(a.num_splits, a.cache.num_kv_heads, batch * a.row_tiles);
-  const int kg = a.cache.codec[0].num_groups, vg = a.cache.codec[1].num_groups;
-  auto kernel = kg == 1 ? (vg == 1 ? attention_split_kernel<D, 1, 1, T> : attention_split_kernel<D, 1, 2, T>)
-                        : (vg == 1 ? attention_split_kernel<D, 2, 1, T> : attention_split_kernel<D, 2, 2, T>);
+  auto kernel = split_kernel_for<D, T>(a.cache);
   if (plan.total > 48 * 1024 &&
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.total) != cudaSuccess)
     return fail(TQ_ERR_CUDA, "attention: cannot raise the shared memory limit to %d bytes", plan.total);
@@ -505,6 +529,9 @@ tq_status attention(const char* name, int max_q_len, const tq_paged_cache* cache
     return fail(TQ_ERR_INVALID_ARGUMENT, "%s: softmax_scale must be positive and finite", name);
   const int d = a.cache.codec[0].head_dim;
   const SplitPlan sp = plan_splits(batch, q_len, num_q_heads / heads, heads, max_kv_len);
+  if (int64_t(batch) * sp.row_tiles > 65535)
+    return fail(TQ_ERR_BAD_LENGTH, "%s: batch %d x %d tiles of 16 query rows exceeds the grid "
+                "limit (65535); split the batch or the chunk", name, batch, sp.row_tiles);
   const size_t need = workspace_bytes(sp, batch, heads, d);
   if (!workspace || ws_bytes < need)
     return fail(TQ_ERR_WORKSPACE, "%s: the workspace needs %zu bytes, got %zu%s", name, need,

@@ -8,23 +8,6 @@ namespace {
 
 bool is_kernel_head_dim(int d) { return d == 64 || d == 128; }
 
-void place_planes(CodecLayout* l) {
-  int offset = 0;
-  for (int g = 0; g < l->num_groups; ++g) {
-    GroupLayout& gl = l->group[g];
-    gl.lo_off = offset;
-    offset += l->tokens * gl.lo_row_bytes;
-    if (gl.hi_row_bytes > 0) {
-      gl.hi_off = offset;
-      offset += l->tokens * gl.hi_row_bytes;
-    } else {
-      gl.hi_off = -1;
-    }
-  }
-  l->norm_off = offset;
-  l->page_bytes = offset + l->num_groups * l->tokens * 2;
-}
-
 }  // namespace
 
 tq_status make_layout(const tq_codec* codec, int tokens, const char* what, CodecLayout* out) {
@@ -43,9 +26,6 @@ tq_status make_layout(const tq_codec* codec, int tokens, const char* what, Codec
                 "(fractional widths)", what, g_count);
   CodecLayout l{};
   l.head_dim = d;
-  l.num_groups = g_count;
-  l.tokens = tokens;
-  int start = 0;
   for (int g = 0; g < g_count; ++g) {
     const int n = codec->group_dim[g], b = codec->group_bits[g];
     if (n != d / g_count)
@@ -57,14 +37,6 @@ tq_status make_layout(const tq_codec* codec, int tokens, const char* what, Codec
     if (g_count == 2 && codec->group_bits[0] != codec->group_bits[1] + 1)
       return fail(TQ_ERR_UNSUPPORTED_BITS, "%s fractional width needs group bits {b+1, b}, got "
                   "{%d, %d}", what, codec->group_bits[0], codec->group_bits[1]);
-    GroupLayout& gl = l.group[g];
-    gl.start = start;
-    gl.dim = n;
-    gl.bits = b;
-    gl.lo_bits = b == 3 ? 2 : b;
-    gl.lo_row_bytes = n * gl.lo_bits / 8;
-    gl.hi_row_bytes = b == 3 ? n / 8 : 0;
-    start += n;
     const int levels = 1 << b;
     for (int k = 0; k < levels; ++k) {
       l.codebook[g][k] = codec->codebook[g][k];
@@ -76,19 +48,20 @@ tq_status make_layout(const tq_codec* codec, int tokens, const char* what, Codec
             static_cast<float>((double(codec->codebook[g][k - 1]) + double(codec->codebook[g][k])) / 2.0);
     }
   }
+  static_cast<PageShape&>(l) =
+      page_shape(d, g_count, codec->group_bits[0], codec->group_bits[g_count - 1], tokens);
   l.seed = codec->seed;
   l.perm = codec->perm;
   l.mean = codec->mean;
   l.scale = codec->scale;
-  place_planes(&l);
   *out = l;
   return TQ_OK;
 }
 
 CodecLayout relayout(const CodecLayout& layout, int tokens) {
   CodecLayout l = layout;
-  l.tokens = tokens;
-  place_planes(&l);
+  static_cast<PageShape&>(l) = page_shape(layout.head_dim, layout.num_groups, layout.group[0].bits,
+                                          layout.group[layout.num_groups - 1].bits, tokens);
   return l;
 }
 

@@ -19,13 +19,44 @@ struct GroupLayout {
   int hi_row_bytes;
 };
 
-struct CodecLayout {
-  int head_dim;
+// Where everything of one codec sits in a page of `tokens` tokens. Depends only on head_dim, the
+// groups' bits and T, so kernels specialized for a width compute it at compile time.
+struct PageShape {
   int num_groups;
-  int tokens;      // T of the page this layout describes
+  int tokens;      // T of the page this shape describes
   int page_bytes;
   int norm_off;    // fp16[G][T] norms
   GroupLayout group[TQ_MAX_GROUPS];
+};
+
+// FORMAT.md section 5: per group its planes (low first), then the norms. bits1 is ignored for one
+// group; two groups split head_dim in halves.
+__host__ __device__ constexpr PageShape page_shape(int head_dim, int num_groups, int bits0,
+                                                   int bits1, int tokens) {
+  PageShape p{};
+  p.num_groups = num_groups;
+  p.tokens = tokens;
+  int offset = 0;
+  for (int g = 0; g < num_groups; ++g) {
+    GroupLayout& gl = p.group[g];
+    gl.dim = head_dim / num_groups;
+    gl.start = g * gl.dim;
+    gl.bits = g == 0 ? bits0 : bits1;
+    gl.lo_bits = gl.bits == 3 ? 2 : gl.bits;
+    gl.lo_row_bytes = gl.dim * gl.lo_bits / 8;
+    gl.hi_row_bytes = gl.bits == 3 ? gl.dim / 8 : 0;
+    gl.lo_off = offset;
+    offset += tokens * gl.lo_row_bytes;
+    gl.hi_off = gl.hi_row_bytes ? offset : -1;
+    offset += tokens * gl.hi_row_bytes;
+  }
+  p.norm_off = offset;
+  p.page_bytes = offset + num_groups * tokens * 2;
+  return p;
+}
+
+struct CodecLayout : PageShape {
+  int head_dim;
   float codebook[TQ_MAX_GROUPS][16];
   float boundary[TQ_MAX_GROUPS][15];  // decision boundaries (c_k + c_{k+1}) / 2, computed in double
   uint32_t seed;

@@ -41,6 +41,8 @@ CASES = [
     (128, 32, 8, 3, 3, 1, torch.float16, True),
     (128, 16, 2, 3, 3, 8, torch.bfloat16, True),   # group 8 x 8 query tokens: 4 row tiles
     (128, 4, 4, 4, 2, 3, torch.float16, False),    # group 1
+    (128, 8, 2, 4, 4, 2, torch.bfloat16, False),   # the width-specialized kernels: 4, 3 and 2 bits
+    (128, 8, 2, 2, 2, 1, torch.float16, True),
     (128, 8, 2, 2.5, 3.5, 2, torch.bfloat16, True),
     (128, 8, 2, 1, 1.5, 1, torch.float16, False),
     (64, 9, 3, 3, 3, 1, torch.float16, False),     # SmolLM2's attention shape

@@ -11,7 +11,7 @@ from tqdm import tqdm
 from ..core.errors import TQError
 from ..core.spec import CodecSpec, parse_kv_bits
 from ..models.checkpoint import LoadedModel
-from ..models.fingerprint import fingerprint
+from ..models.fingerprint import fingerprint, head_dim_of
 from .allocate import CANDIDATE_WIDTHS, allocate_widths
 from .capture import run_observed, token_windows
 from .sensitivity import fisher_cost, fisher_gradients
@@ -38,7 +38,7 @@ class CalibrationOptions:
 def collect_stats(model, windows: torch.Tensor, skip: int, progress: bool = False) -> list[ChannelStats]:
     cfg = model.config
     heads = cfg.num_key_value_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    head_dim = head_dim_of(cfg)
     stats = [ChannelStats.zeros(heads, head_dim) for _ in range(cfg.num_hidden_layers)]
 
     def add(layer, query, key, value):
@@ -72,11 +72,11 @@ def calibrate(loaded: LoadedModel, text: str, kv_bits: str, opts: CalibrationOpt
     cfg = loaded.config
     fp = fingerprint(loaded.family.name, cfg)
     head_dim, n_layers = fp["head_dim"], fp["layers"]
-    need = opts.window * max(opts.windows, opts.fisher_windows)
     windows = token_windows(loaded.tokenizer, text, opts.window, max(opts.windows, opts.fisher_windows))
-    if windows.shape[0] < max(1, opts.fisher_windows if opts.per_layer else 1):
-        raise TQError(f"the calibration text has too few tokens: {opts.window} tokens per window are "
-                      f"needed, at least {need} in all; give a longer --calib-text")
+    needed = opts.fisher_windows if opts.per_layer else 1
+    if windows.shape[0] < needed:
+        raise TQError(f"the calibration text has too few tokens: at least {needed * opts.window} are "
+                      "needed; give a longer --calib-text")
     stats = collect_stats(loaded.model, windows[: opts.windows], opts.sink_tokens, progress)
 
     def build(widths: dict) -> KVTable:

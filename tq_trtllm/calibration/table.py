@@ -11,6 +11,7 @@ from ..core.spec import CodecSpec
 
 TABLE_VERSION = 1
 FP16_BYTES = 2
+OUTLIER_INDEX_BYTES = 1
 
 
 @dataclass
@@ -61,9 +62,15 @@ class KVTable:
         return (sum(t.key_width for t in self.layers) / n, sum(t.value_width for t in self.layers) / n)
 
     def side_bytes(self) -> int:
-        """Bytes stored once per model beside the pages: the means and scales, at fp32."""
-        return sum(getattr(t, name).numel() * 4 for t in self.layers
-                   for name in ("key_mean", "key_scale", "value_mean") if getattr(t, name) is not None)
+        """Bytes stored beside the pages: means and scales at fp32, outlier channel indices at one
+        byte each (head_dim <= 256); counted once per sequence, as a conservative bound."""
+        total = 0
+        for layer in self.layers:
+            for name in LayerTable.TENSORS:
+                t = getattr(layer, name)
+                if t is not None:
+                    total += t.numel() * (OUTLIER_INDEX_BYTES if name.endswith("outliers") else 4)
+        return total
 
     def cache_bytes(self, tokens: int) -> int:
         """Bytes of a `tokens`-long sequence's cache, all layers and KV heads: pages + exact sinks."""

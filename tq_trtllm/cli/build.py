@@ -16,6 +16,7 @@ from ..models.registry import FAMILIES, get_family
 from .common import clean_errors
 
 BACKENDS = ("auto", "hf", "trtllm")
+MIN_WIDTH = 2.0
 
 
 def default_calibration_text() -> tuple[str, str]:
@@ -58,6 +59,9 @@ def main(family, kv_bits, checkpoint, calib_text, backend, output, oblivious, si
          key_scale, value_mean, per_layer, calib_windows, seed, as_json):
     family = get_family(family).name
     key_w, value_w = parse_kv_bits(kv_bits)
+    if min(key_w, value_w) < MIN_WIDTH:
+        raise TQError(f"--kv-bits {kv_bits}: tq-build takes widths from {MIN_WIDTH:g} to 4 bits "
+                      "(below 2 bits the cache loses too much to be useful)")
     if backend == "trtllm":
         raise TQError("the TensorRT-LLM engine path is not available yet (it needs TensorRT-LLM 1.2 and "
                       "the QuantizedAttention plugin); use --backend hf or auto")

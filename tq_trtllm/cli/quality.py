@@ -47,16 +47,17 @@ def _open_engines(paths):
 @clean_errors
 def ppl(engines, baselines, corpus, max_tokens, window, as_json):
     from ..eval.corpus import read_corpus
-    from ..eval.perplexity import baseline_method, compare_caches, corpus_windows, engine_method
+    from ..calibration.capture import token_windows
+    from ..eval.perplexity import baseline_method, compare_caches, engine_method
 
     text, source = read_corpus(corpus)
     loaded, opened = _open_engines(engines)
     if window > loaded.max_context:
         raise TQError(f"--window {window} exceeds the model's context of {loaded.max_context} tokens")
-    windows = corpus_windows(loaded.tokenizer, text, window, max_tokens // window)
+    windows = token_windows(loaded.tokenizer, text, window, max_tokens // window)
     methods = {name: engine_method(table, window) for name, _, table in opened}
     methods.update({name: baseline_method(name, loaded.model, window) for name in baselines})
-    results = compare_caches(loaded.model, windows, methods, progress=not as_json)
+    results = compare_caches(loaded.model, windows, methods, progress=True)  # bars go to stderr
     for name, r in results.items():
         if as_json:
             click.echo(json.dumps({"method": name, "corpus": source, **r}))
@@ -100,7 +101,7 @@ def needle(engine_dir, lengths, seed, as_json):
         check_length(n, loaded.max_context, 8)
     factories = {"fp16": lambda: RoundtripCache("fp16", len(table.layers), table.head_dim),
                  "kv": lambda: TurboQuantCache(table)}
-    bar = tqdm(total=len(lengths) * len(DEPTHS) * 2, desc="passkey prompts", disable=as_json)
+    bar = tqdm(total=len(lengths) * len(DEPTHS) * 2, desc="passkey prompts")  # stderr
     results = passkey_accuracy(loaded.model, loaded.tokenizer, lengths, factories, seed,
                                progress=bar.update)
     bar.close()

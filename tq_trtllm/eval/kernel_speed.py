@@ -107,7 +107,7 @@ def raw_attention_call(kc: KernelCache, fn_name: str, q: torch.Tensor, kv_lens: 
 
 def decode_row(timer: Timer, batch: int, context: int, q_heads: int, kv_heads: int, head_dim: int,
                k_bits: float, v_bits: float, q_len: int = 1) -> Row:
-    cache, kc = packed_cache(batch, context, q_heads, kv_heads, head_dim, k_bits, v_bits)
+    _, kc = packed_cache(batch, context, q_heads, kv_heads, head_dim, k_bits, v_bits)
     q = torch.randn(batch, q_len, q_heads, head_dim, device="cuda", dtype=torch.float16)
     lens = torch.full((batch,), context, device="cuda", dtype=torch.int32)
     call, _ = raw_attention_call(kc, "tq_decode_attention", q, lens, context)
@@ -118,7 +118,6 @@ def decode_row(timer: Timer, batch: int, context: int, q_heads: int, kv_heads: i
     seq = torch.arange(batch, device="cuda", dtype=torch.int32).repeat_interleave(q_len)
     pos = (context - q_len + torch.arange(q_len, device="cuda", dtype=torch.int32)).repeat(batch)
     append_us = timer.median_us(lambda: quantize_append(kc, kv_new[0], kv_new[1], seq, pos))
-    del cache, kc
     sdpa_us = sdpa_decode_us(timer, batch, context, q_heads, kv_heads, head_dim, q_len)
     nbytes = packed_bytes_of(batch, context, kv_heads, head_dim, k_bits, v_bits)
     return Row("decode", batch, context, q_len, q_heads, kv_heads, head_dim, k_bits, v_bits,
@@ -146,12 +145,11 @@ def sdpa_decode_us(timer: Timer, batch, context, q_heads, kv_heads, head_dim, q_
 def prefill_row(timer: Timer, history: int, chunk: int, q_heads: int, kv_heads: int,
                 head_dim: int, k_bits: float, v_bits: float) -> Row:
     total = history + chunk
-    cache, kc = packed_cache(1, total, q_heads, kv_heads, head_dim, k_bits, v_bits)
+    _, kc = packed_cache(1, total, q_heads, kv_heads, head_dim, k_bits, v_bits)
     q = torch.randn(1, chunk, q_heads, head_dim, device="cuda", dtype=torch.float16)
     lens = torch.full((1,), total, device="cuda", dtype=torch.int32)
     call, _ = raw_attention_call(kc, "tq_prefill_attention", q, lens, total)
     tq_us = timer.median_us(call)
-    del cache, kc
     sdpa_us = sdpa_decode_us(timer, 1, total, q_heads, kv_heads, head_dim, chunk)
     nbytes = packed_bytes_of(1, total, kv_heads, head_dim, k_bits, v_bits)
     return Row("prefill", 1, total, chunk, q_heads, kv_heads, head_dim, k_bits, v_bits, tq_us,

@@ -13,11 +13,11 @@ import torch
 from scipy import stats as scipy_stats
 from tqdm import tqdm
 
-from ..calibration.capture import token_windows
 from ..calibration.table import KVTable
 from ..core.errors import TQError
 from ..integrations.attention import use_turboquant_attention
 from ..integrations.cache import TurboQuantCache
+from ..models.fingerprint import head_dim_of
 from .baselines import RoundtripCache, baseline_effective_bits
 
 MIN_WINDOWS = 2
@@ -38,7 +38,7 @@ def compare_caches(model, windows: torch.Tensor, methods: dict, progress: bool =
     cfg = model.config
     use_turboquant_attention(model)
     base_nll, nll, agree = [], {m: [] for m in methods}, {m: [] for m in methods}
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    head_dim = head_dim_of(cfg)
     with torch.inference_mode():
         for ids in tqdm(windows, desc="perplexity windows", disable=not progress):
             ref_nll, ref_top = _forward(model, ids, RoundtripCache("fp16", cfg.num_hidden_layers, head_dim))
@@ -76,10 +76,6 @@ def engine_method(table: KVTable, window: int):
 
 def baseline_method(name: str, model, window: int):
     cfg = model.config
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    head_dim = head_dim_of(cfg)
     return (lambda: RoundtripCache(name, cfg.num_hidden_layers, head_dim)), \
         baseline_effective_bits(name, head_dim)
-
-
-def corpus_windows(tokenizer, text: str, window: int, count: int) -> torch.Tensor:
-    return token_windows(tokenizer, text, window, count)

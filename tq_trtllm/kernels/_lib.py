@@ -56,7 +56,11 @@ def candidate_paths() -> list[Path]:
     paths = []
     if os.environ.get("TQ_KERNELS_LIB"):
         paths.append(Path(os.environ["TQ_KERNELS_LIB"]))
-    paths.append(_PACKAGE_DIR / "lib" / LIB_NAME)
+    # Every directory of the package: an editable install keeps the built library in site-packages
+    # while the Python files stay in the checkout.
+    import tq_trtllm
+
+    paths.extend(Path(d) / "lib" / LIB_NAME for d in tq_trtllm.__path__)
     paths.append(_PACKAGE_DIR.parent / "build" / "plugin_cpp" / "kernels" / LIB_NAME)
     return paths
 

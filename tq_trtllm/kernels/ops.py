@@ -13,7 +13,7 @@ import torch
 from ..core.errors import TQError
 from ..core.paged import PagedLayerCache
 from ..core.quantizer import VectorCodec
-from ._lib import BF16, FP16, MAX_GROUPS, TqCodec, TqPagedCache, check, library
+from ._lib import BF16, FP16, TqCodec, TqPagedCache, check, library
 
 _DTYPES = {torch.float16: FP16, torch.bfloat16: BF16}
 
@@ -101,13 +101,12 @@ class KernelCache:
 
 def page_bytes(codec: VectorCodec, tokens_per_block: int) -> int:
     """tq_page_bytes: the library's page size for a codec (it must equal PageLayout's)."""
-    dc = DeviceCodec(codec, 1, "cpu") if codec.perm is None and codec.mean is None \
-        and codec.scale is None else None
-    if dc is None:
-        raise TQError("page_bytes takes a codec without per-head tables")
+    # page sizes depend on the widths alone: describe the codec without its per-head tables
+    bare = VectorCodec(codec.spec, seed=codec.seed, codebooks=[c.tolist() for c in codec.codebooks])
+    dc = DeviceCodec(bare, 1, "cpu")
     n = library().tq_page_bytes(ctypes.byref(dc.struct), tokens_per_block)
     if n < 0:
-        check(1, "tq_page_bytes")
+        raise TQError(f"tq_page_bytes failed: {library().tq_last_error().decode(errors='replace')}")
     return n
 
 
