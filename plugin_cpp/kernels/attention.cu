@@ -16,6 +16,7 @@
 // Pass 2 (merge_kernel): one warp per query row merges the splits, rotates the output back
 // (inverse Hadamard, signs, un-permutation, value scale) and adds the value mean.
 #include <algorithm>
+#include <climits>
 #include <cmath>
 
 #include "cache.h"
@@ -67,23 +68,40 @@ __host__ __device__ inline SmemPlan smem_plan(const PageShape& kt, const PageSha
   return p;
 }
 
+// Issues the 16-byte copies of `chunks` consecutive chunks, lane-strided. With a compile-time count
+// (specialized kernels) the loop unrolls into a fixed set of predicated copies.
+__device__ inline void copy_chunks(uint8_t* dst, const uint8_t* src, int chunks, int lane) {
+#pragma unroll
+  for (int i = 0; i < chunks; i += 32)
+    if (i + lane < chunks) cp_async_16(dst + 16 * (i + lane), src + 16 * (i + lane));
+}
+
 // Copies tokens [slot0, slot0 + 16) of a page into a 16-token tile with the same codec layout.
-__device__ inline void stage_page_tile(uint8_t* tile, const uint8_t* page, const PageShape& pl,
-                                       const PageShape& tl, int slot0) {
+// Every plane and the norms are [tokens][row] arrays, so an offset in a page of T tokens is the
+// tile's offset times page_tiles = T / 16 and the row sizes are equal: only the tile shape `tl`
+// (a compile-time constant in the specialized kernels) is needed, no page shape.
+__device__ inline void stage_page_tile(uint8_t* tile, const uint8_t* page, const PageShape& tl,
+                                       int page_tiles, int slot0) {
   const int lane = threadIdx.x & 31;
-  for (int g = 0; g < pl.num_groups; ++g) {
-    const GroupLayout& pg = pl.group[g];
+#pragma unroll
+  for (int g = 0; g < tl.num_groups; ++g) {
     const GroupLayout& tg = tl.group[g];
-    const int lo_chunks = kTile * pg.lo_row_bytes / 16;
-    for (int i = lane; i < lo_chunks; i += 32)
-      cp_async_16(tile + tg.lo_off + 16 * i, page + pg.lo_off + slot0 * pg.lo_row_bytes + 16 * i);
-    const int hi_chunks = kTile * pg.hi_row_bytes / 16;
-    for (int i = lane; i < hi_chunks; i += 32)
-      cp_async_16(tile + tg.hi_off + 16 * i, page + pg.hi_off + slot0 * pg.hi_row_bytes + 16 * i);
-    if (lane < 2)  // 16 fp16 norms = 32 bytes
-      cp_async_16(tile + tl.norm_off + g * kTile * 2 + 16 * lane,
-                  page + pl.norm_off + (g * pl.tokens + slot0) * 2 + 16 * lane);
+    copy_chunks(tile + tg.lo_off, page + tg.lo_off * page_tiles + slot0 * tg.lo_row_bytes,
+                kTile * tg.lo_row_bytes / 16, lane);
+    if (tg.hi_row_bytes)
+      copy_chunks(tile + tg.hi_off, page + tg.hi_off * page_tiles + slot0 * tg.hi_row_bytes,
+                  kTile * tg.hi_row_bytes / 16, lane);
+    const int norms = tl.norm_off + g * kTile * 2;  // 16 fp16 norms = 2 chunks
+    copy_chunks(tile + norms, page + norms * page_tiles + slot0 * 2, 2, lane);
   }
+}
+
+// 2^x by one MUFU.EX2 (ex2.approx.ftz): exp2f adds a denormal-range fix-up that softmax weights
+// never need (x <= 0; results below 2^-126 flush to 0, exp2(-inf) = 0).
+__device__ inline float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
 __device__ inline float tile_norm(const uint8_t* tile, const PageShape& tl, int g, int token) {
@@ -109,7 +127,6 @@ __global__ void __launch_bounds__(32 * kWarps, kCtasPerSm) attention_split_kerne
   const int b = blockIdx.z / a.row_tiles, rt = blockIdx.z % a.row_tiles;
   const int heads = a.cache.num_kv_heads;
   const CodecLayout& kl = a.cache.codec[0];
-  const CodecLayout& vl = a.cache.codec[1];
   const PageShape kt = tile_shape<D, KG, KB>(a.tile[0]);
   const PageShape vt = tile_shape<D, VG, VB>(a.tile[1]);
   const SmemPlan plan = smem_plan<D>(kt, vt);
@@ -183,13 +200,16 @@ __global__ void __launch_bounds__(32 * kWarps, kCtasPerSm) attention_split_kerne
   }
   __syncthreads();
 
-  // Causal limit of this thread's two rows (g4 and g4 + 8); padding rows see nothing.
+  // Causal limit of this thread's two rows (g4 and g4 + 8). Padding rows are never written out,
+  // so they need no limit. Tokens before full_end are inside the split and visible to every row:
+  // tiles that end there skip the mask.
   int limit[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = row0 + g4 + 8 * h;
-    limit[h] = r < a.rows ? L - a.q_len + r / a.group : -1;
+    limit[h] = r < a.rows ? L - a.q_len + r / a.group : INT_MAX;
   }
+  const int full_end = min(split_end, L - a.q_len + row0 / a.group + 1);
 
   constexpr int VCNT = D / VG / 8;  // value coordinates per thread per token and group = n tiles
   constexpr int NT = D / 8;         // output n tiles
@@ -200,25 +220,29 @@ __global__ void __launch_bounds__(32 * kWarps, kCtasPerSm) attention_split_kerne
 
   uint8_t* stage0 = smem + plan.stages + warp * kStages * plan.stage_bytes;
   const int tiles = split_end > split_begin ? (split_end - split_begin + kTile - 1) / kTile : 0;
-  // Chunk indices of this warp's next 32 tiles, one per lane, read from the block table in one go.
-  int window_k = -1, window_v = -1;
+  const int page_tiles = a.cache.tokens / kTile;
+  // Chunk indices and page slots of this warp's next 32 tiles, one per lane, from the block table
+  // in one go (the divisions by T happen here, once per 32 tiles).
+  int window_k = -1, window_v = -1, window_slot = 0;
   uint32_t staged = 0;  // bit (i % kStages): tile i was staged (its pages exist)
   auto stage = [&](int i) {  // issues the copies of this warp's i-th tile (uniform over the warp)
     if (i % 32 == 0) {
       const int pos = split_begin + (warp + (i + lane) * kWarps) * kTile;
       const bool in_split = pos < split_end;
-      window_k = in_split ? chunk_of(a.cache, b, 0, pos / a.cache.tokens) : -1;
-      window_v = in_split ? chunk_of(a.cache, b, 1, pos / a.cache.tokens) : -1;
+      const int block = pos / a.cache.tokens;
+      window_k = in_split ? chunk_of(a.cache, b, 0, block) : -1;
+      window_v = in_split ? chunk_of(a.cache, b, 1, block) : -1;
+      window_slot = pos - block * a.cache.tokens;
     }
     const int ck = __shfl_sync(0xffffffffu, window_k, i % 32);
     const int cv = __shfl_sync(0xffffffffu, window_v, i % 32);
+    const int slot0 = __shfl_sync(0xffffffffu, window_slot, i % 32);
     const bool ok = warp + i * kWarps < tiles && ck >= 0 && cv >= 0;
     staged = (staged & ~(1u << (i % kStages))) | (uint32_t(ok) << (i % kStages));
     if (!ok) return;
-    const int slot0 = (split_begin + (warp + i * kWarps) * kTile) % a.cache.tokens;
     uint8_t* st = stage0 + (i % kStages) * plan.stage_bytes;
-    stage_page_tile(st, page_in_chunk(a.cache, 0, ck, kvh), kl, kt, slot0);
-    stage_page_tile(st + kt.page_bytes, page_in_chunk(a.cache, 1, cv, kvh), vl, vt, slot0);
+    stage_page_tile(st, page_in_chunk(a.cache, 0, ck, kvh), kt, page_tiles, slot0);
+    stage_page_tile(st + kt.page_bytes, page_in_chunk(a.cache, 1, cv, kvh), vt, page_tiles, slot0);
   };
 
 #pragma unroll
@@ -232,7 +256,9 @@ __global__ void __launch_bounds__(32 * kWarps, kCtasPerSm) attention_split_kerne
     cp_async_wait<kStages - 1>();
     __syncwarp();
     const int pos0 = split_begin + (warp + it * kWarps) * kTile;
-    const int valid = (staged >> (it % kStages)) & 1u ? min(kTile, split_end - pos0) : 0;
+    const bool is_staged = (staged >> (it % kStages)) & 1u;
+    const int valid = is_staged ? min(kTile, split_end - pos0) : 0;
+    const bool full = is_staged && pos0 + kTile <= full_end;  // no token masked (warp-uniform)
     const uint8_t* kt_s = stage0 + (it % kStages) * plan.stage_bytes;
     const uint8_t* vt_s = kt_s + kt.page_bytes;
 
@@ -269,16 +295,22 @@ __global__ void __launch_bounds__(32 * kWarps, kCtasPerSm) attention_split_kerne
         s[t][3] += (sg[t][0][3] + sg[t][1][3]) * n1;
       }
     }
-    // Mask (beyond the split, or after the row's own position), then the online softmax.
+    // Mask (beyond the split or the staged tokens, or after the row's own position) where a token
+    // can be masked, then the online softmax.
+    if (!full) {
+#pragma unroll
+      for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int tok = 8 * t + 2 * tig + (e & 1);
+          if (tok >= valid || pos0 + tok > limit[e >> 1]) s[t][e] = -INFINITY;
+        }
+    }
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int t = 0; t < 2; ++t)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int tok = 8 * t + 2 * tig + (e & 1);
-        if (tok >= valid || pos0 + tok > limit[e >> 1]) s[t][e] = -INFINITY;
-        tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[t][e]);
-      }
+      for (int e = 0; e < 4; ++e) tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[t][e]);
     float m_use[2], alpha[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -286,7 +318,7 @@ __global__ void __launch_bounds__(32 * kWarps, kCtasPerSm) attention_split_kerne
       tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
       const float m_new = fmaxf(m_run[h], tile_max[h]);
       m_use[h] = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[h] = exp2f(m_run[h] - m_use[h]);
+      alpha[h] = fast_exp2(m_run[h] - m_use[h]);
       m_run[h] = m_new;
       l_run[h] *= alpha[h];
     }
@@ -303,7 +335,7 @@ __global__ void __launch_bounds__(32 * kWarps, kCtasPerSm) attention_split_kerne
     for (int t = 0; t < 2; ++t)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        p[t][e] = exp2f(s[t][e] - m_use[e >> 1]);
+        p[t][e] = fast_exp2(s[t][e] - m_use[e >> 1]);
         l_run[e >> 1] += p[t][e];
       }
 
@@ -314,7 +346,8 @@ __global__ void __launch_bounds__(32 * kWarps, kCtasPerSm) attention_split_kerne
       const int toks[4] = {2 * tig, 2 * tig + 1, 2 * tig + 8, 2 * tig + 9};
       float nv[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) nv[i] = toks[i] < valid ? tile_norm(vt_s, vt, g, toks[i]) : 0.0f;
+      for (int i = 0; i < 4; ++i)  // unstaged slots may hold anything, even NaN: zero their norms
+        nv[i] = full || toks[i] < valid ? tile_norm(vt_s, vt, g, toks[i]) : 0.0f;
       const uint32_t pa[4] = {pack_float2(p[0][0] * nv[0], p[0][1] * nv[1]),
                               pack_float2(p[0][2] * nv[0], p[0][3] * nv[1]),
                               pack_float2(p[1][0] * nv[2], p[1][1] * nv[3]),

@@ -62,9 +62,14 @@ struct ByteTables {
   uint32_t hi[4];
 };
 
+// Selector nibbles must be < 8 (bit 3 would select sign fill) and only the low 16 bits of `s`
+// count. On the device this is a bare PRMT: __byte_perm would first mask the selector with 0x7777,
+// one more instruction per look-up that every selector here (codes < 8) makes redundant.
 __host__ __device__ inline uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t s) {
 #ifdef __CUDA_ARCH__
-  return __byte_perm(a, b, s);
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
+  return r;
 #else
   const uint64_t v = (uint64_t(b) << 32) | a;
   uint32_t r = 0;
@@ -91,9 +96,9 @@ __host__ __device__ inline void lookup4(uint32_t sel, const ByteTables& t, uint3
   v23 = byte_perm(lo, hi, 0x7362u);
 }
 
-// Bit k of a 16-bit value moved to bit 2k.
-__host__ __device__ inline uint32_t spread_bits_2(uint32_t x) {
-  x = byte_perm(x, 0u, 0x4140u);
+// Bit k of 16-bit half `half` of x moved to bit 2k (the byte permute drops the other half).
+__host__ __device__ inline uint32_t spread_bits_2(uint32_t x, int half) {
+  x = byte_perm(x, 0u, half ? 0x4342u : 0x4140u);
   x = (x | (x << 4)) & 0x0f0f0f0fu;
   x = (x | (x << 2)) & 0x33333333u;
   return (x | (x << 1)) & 0x55555555u;
@@ -133,7 +138,7 @@ __host__ __device__ inline void decode_pairs(const CodeRun<BITS, CNT>& run, cons
       uint32_t even = w & 0x33333333u & kMask;         // nibble n: low bits of code 2n
       uint32_t odd = (w >> 2) & 0x33333333u & kMask;   // nibble n: low bits of code 2n + 1
       if constexpr (BITS == 3) {
-        const uint32_t h = spread_bits_2((run.hi[0] >> (16 * blk)) & ((1u << C) - 1u));
+        const uint32_t h = spread_bits_2(C == 16 ? run.hi[0] : run.hi[0] & ((1u << C) - 1u), blk);
         even |= (h << 2) & 0x44444444u;  // high bit of code 2n at nibble n bit 2
         odd |= h & 0x44444444u;          // high bit of code 2n + 1
       }
