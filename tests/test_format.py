@@ -4,7 +4,6 @@ import re
 import struct
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
