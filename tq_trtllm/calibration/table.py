@@ -72,23 +72,26 @@ class KVTable:
                     total += t.numel() * (OUTLIER_INDEX_BYTES if name.endswith("outliers") else 4)
         return total
 
-    def cache_bytes(self, tokens: int) -> int:
-        """Bytes of a `tokens`-long sequence's cache, all layers and KV heads: pages + exact sinks."""
+    def layer_cache_bytes(self, layer: int, tokens: int) -> int:
+        """Bytes of one layer's cache for a `tokens`-long sequence, all KV heads: pages + exact sinks."""
+        t = self.layers[layer]
         sinks = min(tokens, self.sink_tokens)
-        packed = tokens - sinks
-        per_token = sum(CodecSpec(self.head_dim, t.key_width).bytes_per_token
-                        + CodecSpec(self.head_dim, t.value_width).bytes_per_token for t in self.layers)
-        exact = len(self.layers) * 2 * self.head_dim * FP16_BYTES
-        return self.kv_heads * (packed * per_token + sinks * exact)
+        per_token = (CodecSpec(self.head_dim, t.key_width).bytes_per_token
+                     + CodecSpec(self.head_dim, t.value_width).bytes_per_token)
+        return self.kv_heads * ((tokens - sinks) * per_token + sinks * self.fp16_token_bytes())
+
+    def fp16_token_bytes(self) -> int:
+        """One token's K and V of one layer and KV head in an fp16 cache."""
+        return 2 * self.head_dim * FP16_BYTES
+
+    def cache_bytes(self, tokens: int) -> int:
+        """Bytes of a `tokens`-long sequence's cache, all layers and KV heads."""
+        return sum(self.layer_cache_bytes(i, tokens) for i in range(len(self.layers)))
 
     def effective_bits(self, tokens: int) -> float:
         """Stored bits per cached coordinate over a `tokens`-long sequence, side bytes included."""
         coords = tokens * len(self.layers) * 2 * self.kv_heads * self.head_dim
         return (self.cache_bytes(tokens) + self.side_bytes()) * 8 / coords
-
-
-def fp16_cache_bytes(fingerprint: dict, tokens: int) -> int:
-    return tokens * fingerprint["layers"] * 2 * fingerprint["kv_heads"] * fingerprint["head_dim"] * FP16_BYTES
 
 
 def oblivious_table(fingerprint: dict, key_width: float, value_width: float, seed: int = 0,

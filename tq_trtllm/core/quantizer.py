@@ -97,6 +97,11 @@ class VectorCodec:
         perms = torch.stack([outlier_permutation(self.spec.head_dim, r.tolist()) for r in rows])
         return perms.reshape(*outliers.shape[:-1], self.spec.head_dim)
 
+    def per_head(self, name: str, heads: int) -> torch.Tensor | None:
+        """mean, scale or perm broadcast to [heads, head_dim] (a view), or None when unset."""
+        t = getattr(self, name)
+        return None if t is None else t.expand(heads, self.spec.head_dim)
+
     # -- the per-group rotation (step 4.3) and its inverse --
     def _rotate(self, u: torch.Tensor, group: int, inverse: bool = False) -> torch.Tensor:
         if self.dense is None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from ..calibration.table import FP16_BYTES, KVTable
+from ..calibration.table import KVTable
 from ..core.errors import TQError
 from ..core.paged import PagedLayerCache
 
@@ -113,16 +113,6 @@ class TurboQuantLayer(DynamicLayer):
     def reset(self) -> None:
         self._clear()
 
-    def stored_bytes(self) -> int:
-        """Bytes this layer's cache holds for the tokens written so far."""
-        if not self.is_initialized:
-            return 0
-        exact = min(self.length, self.sink_tokens)
-        per_token = sum(c.spec.bytes_per_token for c in self.codecs)
-        head_dim = self.codecs[0].spec.head_dim
-        return self.batch * self.num_kv_heads * (
-            (self.length - exact) * per_token + exact * 2 * head_dim * FP16_BYTES)
-
     def _unsupported(self, *args, **kwargs):
         raise TQError("the TurboQuant cache does not support beam search, cropping or batch "
                       "reordering; use greedy or sampled decoding")
@@ -140,10 +130,12 @@ class TurboQuantCache(Cache):
         super().__init__(layers=layers)
 
     def stored_bytes(self) -> int:
-        return sum(layer.stored_bytes() for layer in self.layers)
+        """Bytes the cache holds for the tokens written so far."""
+        return sum(layer.batch * self.table.layer_cache_bytes(i, layer.length)
+                   for i, layer in enumerate(self.layers) if layer.is_initialized)
 
     def fp16_bytes(self) -> int:
         """What an fp16 cache would hold for the same tokens."""
-        t = self.table
-        return sum(layer.batch * layer.length * 2 * t.kv_heads * t.head_dim * FP16_BYTES
+        per_token = self.table.kv_heads * self.table.fp16_token_bytes()
+        return sum(layer.batch * layer.length * per_token
                    for layer in self.layers if layer.is_initialized)

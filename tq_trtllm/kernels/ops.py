@@ -28,11 +28,10 @@ def _stream() -> ctypes.c_void_p:
     return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
 
-def _per_head(t: torch.Tensor | None, heads: int, head_dim: int, dtype, device):
-    """A [heads, head_dim] contiguous device copy of a broadcastable per-channel table, or None."""
-    if t is None:
-        return None
-    return t.to(device=device, dtype=dtype).expand(heads, head_dim).contiguous()
+def _per_head(codec: VectorCodec, name: str, heads: int, dtype, device):
+    """A [heads, head_dim] contiguous device copy of the codec's mean, scale or perm, or None."""
+    t = codec.per_head(name, heads)
+    return None if t is None else t.to(device=device, dtype=dtype).contiguous()
 
 
 class DeviceCodec:
@@ -43,9 +42,9 @@ class DeviceCodec:
         if codec.rotation != "hadamard":
             raise TQError("the kernels implement the Hadamard rotation only")
         d = spec.head_dim
-        self.perm = _per_head(codec.perm, num_kv_heads, d, torch.int32, device)
-        self.mean = _per_head(codec.mean, num_kv_heads, d, torch.float32, device)
-        self.scale = _per_head(codec.scale, num_kv_heads, d, torch.float32, device)
+        self.perm = _per_head(codec, "perm", num_kv_heads, torch.int32, device)
+        self.mean = _per_head(codec, "mean", num_kv_heads, torch.float32, device)
+        self.scale = _per_head(codec, "scale", num_kv_heads, torch.float32, device)
         s = TqCodec()
         s.head_dim = d
         s.num_groups = len(spec.groups)

@@ -37,13 +37,6 @@ def _fnv1a(data: bytes) -> int:
     return h
 
 
-def _per_head(t, kv_heads: int, head_dim: int) -> np.ndarray | None:
-    if t is None:
-        return None
-    a = np.asarray(t.detach().cpu() if hasattr(t, "detach") else t, dtype=np.float64)
-    return np.broadcast_to(a, (kv_heads, head_dim))
-
-
 def calibration_table_bytes(key: VectorCodec, value: VectorCodec, *, layer_idx: int, kv_heads: int,
                             fingerprint: int) -> bytes:
     """One layer's table from its two codecs (their codebooks, means, scales, permutations)."""
@@ -52,11 +45,9 @@ def calibration_table_bytes(key: VectorCodec, value: VectorCodec, *, layer_idx: 
         raise TQError("keys and values must share head_dim")
     arrays: dict[tuple[str, str], np.ndarray | None] = {}
     for side, codec in (("key", key), ("value", value)):
-        arrays[side, "mean"] = _per_head(codec.mean, kv_heads, head_dim)
-        arrays[side, "scale"] = _per_head(codec.scale, kv_heads, head_dim)
-        perm = codec.perm
-        arrays[side, "perm"] = None if perm is None else np.broadcast_to(
-            np.asarray(perm, dtype=np.int64), (kv_heads, head_dim))
+        for name in ("mean", "scale", "perm"):
+            t = codec.per_head(name, kv_heads)
+            arrays[side, name] = None if t is None else t.cpu().numpy()
     payload = b"".join(np.asarray(c, dtype="<f4").tobytes() for codec in (key, value) for c in codec.codebooks)
     flags = 0
     for side, name, bit in OPTIONAL_ARRAYS:
