@@ -63,6 +63,12 @@ def test_run_prints_text_and_kv_bytes(engine):
     out = json.loads(result.stdout)
     assert out["new_tokens"] == 5 and out["kv_bytes"] > 0
     assert out["kv_bytes_fp16"] / out["kv_bytes"] > 3  # 3-bit pages (and one exact sink) vs fp16
+    from tq_trtllm import kernels
+
+    assert out["backend"] == ("kernels" if kernels.available() else "reference")
+    if not kernels.available():
+        assert_clean_error(invoke(run, "--engine", engine, "--prompt", "the", "--device", "cuda"),
+                           "--device cuda cannot run here")
     text = invoke(run, "--engine", engine, "--prompt", "the new", "--max-new-tokens", "2")
     assert text.exit_code == 0 and "KV cache:" in text.output and "FP16" in text.output
 

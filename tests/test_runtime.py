@@ -48,17 +48,79 @@ def test_cache_holds_exactly_what_the_reference_codec_decodes(model, gen):
     """Layer 0 sees the same raw keys with or without a cache: the pages must hold their roundtrip."""
     ids = torch.randint(4, 60, (1, 20), generator=gen)
     table = table_for(model, 3)
-    raw, seen = [], []
+    raw = []
     with observe(lambda layer, q, k, v: raw.append((k, v)) if layer == 0 else None), torch.inference_mode():
         model(input_ids=ids, use_cache=False)
     cache = TurboQuantCache(table)
-    with observe(lambda layer, q, k, v: seen.append(k) if layer == 0 else None):
-        logits(model, ids, cache)
-    keys, values = cache.layers[0]._read()
-    assert torch.equal(seen[0], keys)  # attention reads what the pages hold
-    for codec, x, got in zip(table.codecs(0), raw[0], (keys, values)):
+    logits(model, ids, cache)
+    for codec, x, got in zip(table.codecs(0), raw[0], cache.layers[0].read_dense()):
         want = codec.roundtrip(x.transpose(1, 2)).transpose(1, 2)
         assert torch.allclose(got, want, atol=1e-6)
+
+
+def test_attention_in_place_equals_dense_attention_over_the_cache(model, gen):
+    """packed_attention (sinks exact, packed tokens in place, merged by log-sum-exp) against SDPA over
+    the cache read back, for a prefill whose first rows see sinks only, decode steps and a chunk."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from tq_trtllm.integrations.packed_attention import attend
+
+    ids = torch.randint(4, 60, (1, 30), generator=gen)
+    cache = TurboQuantCache(table_for(model, 3, sinks=2))
+    checked = []
+
+    def check(layer_idx, q, k, v):
+        layer = k.tq_layer
+        t, n = q.shape[2], layer.length
+        mask = torch.arange(n) <= torch.arange(t)[:, None] + (n - t)
+        dense_k, dense_v = layer.read_dense()
+        want, _ = sdpa_attention_forward(model.model.layers[layer_idx].self_attn, q, dense_k, dense_v,
+                                         mask[None, None], scaling=q.shape[-1] ** -0.5)
+        got = attend(layer, q, q.shape[-1] ** -0.5)
+        assert torch.allclose(got, want, atol=2e-5), (layer_idx, t, n)
+        checked.append((t, n))
+
+    with observe(check):
+        for chunk in (ids[:, :20], ids[:, 20:21], ids[:, 21:22], ids[:, 22:30]):
+            logits(model, chunk, cache)
+    assert (20, 20) in checked and (1, 21) in checked and (8, 30) in checked
+
+
+@pytest.mark.parametrize("case,expected", [("none", True), ("causal", True), ("additive", True),
+                                           ("padded", False), ("top_left", False)])
+def test_plain_causal_masks_are_recognized(case, expected):
+    from tq_trtllm.integrations.packed_attention import is_bottom_right_causal
+
+    t, n = 3, 7
+    causal = (torch.arange(n) <= torch.arange(t)[:, None] + (n - t))[None, None].expand(2, 1, t, n)
+    masks = {
+        "none": None,
+        "causal": causal,
+        "additive": torch.zeros(2, 1, t, n).masked_fill(~causal, float("-inf")),
+        "padded": causal & (torch.arange(n) > 0),
+        "top_left": (torch.arange(n) <= torch.arange(t)[:, None])[None, None].expand(2, 1, t, n),
+    }
+    assert is_bottom_right_causal(masks[case], t, n) is expected
+
+
+def test_padded_batches_attend_over_the_cache_read_back(model, gen):
+    """A left-padded batch cannot use the in-place path; it must match each sequence run alone."""
+    ids = torch.randint(4, 60, (2, 12), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    table = table_for(model, 4)
+    with torch.inference_mode():
+        positions = (mask.cumsum(-1) - 1).clamp_min(0)  # as generate() derives them
+        batch = model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                      past_key_values=TurboQuantCache(table)).logits
+        alone = model(input_ids=ids[1:, 3:], past_key_values=TurboQuantCache(table)).logits
+    assert torch.allclose(batch[1, -1], alone[0, -1], atol=1e-4)
+
+
+def test_the_kernel_backend_is_refused_clearly_where_it_cannot_run(model, gen):
+    cache = TurboQuantCache(table_for(model, 3), backend="kernels")
+    with pytest.raises(TQError, match="kernel backend cannot run here"):
+        logits(model, torch.randint(4, 60, (1, 4), generator=gen), cache)
 
 
 def test_incremental_decoding_equals_one_prefill(model, gen):
@@ -73,8 +135,8 @@ def test_incremental_decoding_equals_one_prefill(model, gen):
         with torch.inference_mode():
             model(input_ids=ids[:, t:t + 1], past_key_values=step, use_cache=True)
     for a, b in zip(full.layers, step.layers):
-        ka, va = a._read()
-        kb, vb = b._read()
+        ka, va = a.read_dense()
+        kb, vb = b.read_dense()
         assert torch.allclose(ka, kb, atol=1e-6) and torch.allclose(va, vb, atol=1e-6)
 
 
@@ -85,7 +147,7 @@ def test_sink_tokens_are_exact(model, gen):
     cache = TurboQuantCache(table)
     with observe(lambda layer, q, k, v: seen.append((layer, k))):
         logits(model, ids, cache)
-    keys, _ = cache.layers[0]._read()
+    keys, _ = cache.layers[0].read_dense()
     fp16 = RoundtripCache("fp16", 2, 64)
     logits(model, ids, fp16)
     assert torch.equal(keys[:, :, :3], fp16.layers[0].keys[:, :, :3])

@@ -12,9 +12,10 @@
 // Equal integer K/V widths 2, 3 and 4 get kernels whose tile offsets and widths are compile-time
 // constants (tile_shape); every other width runs the same code with them read at run time.
 // The key mean is not needed: q . mu is the same for every key of a query row and softmax is
-// invariant to a per-row shift.
+// invariant to a per-row shift; only the log-sum-exp adds it back (merge pass).
 // Pass 2 (merge_kernel): one warp per query row merges the splits, rotates the output back
-// (inverse Hadamard, signs, un-permutation, value scale) and adds the value mean.
+// (inverse Hadamard, signs, un-permutation, value scale), adds the value mean and, if asked, writes
+// the row's log-sum-exp.
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -33,14 +34,16 @@ constexpr int kTile = 16;    // tokens per warp iteration: one mma K step of P V
 constexpr int kRows = 16;    // query rows per CTA: one mma M tile
 constexpr int kStages = 4;   // cp.async stages per warp: tiles in flight while one is computed
 constexpr int kCtasPerSm = 4;  // the split kernel's occupancy (__launch_bounds__ and shared memory)
-constexpr int kMinSplitTokens = 256;
+constexpr int kMinSplitTokens = 256;  // 64 measured 2x slower at 1x4096 (docs/BENCHMARKS.md)
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
 struct AttnArgs {
   CacheView cache;
   CodecLayout tile[2];  // K and V laid out for a 16-token staging tile
   const void* q;
   void* out;
+  float* lse;           // [batch][q_len][num_q_heads] natural-log log-sum-exp, or null
   const int32_t* kv_lens;
   int max_kv_len, q_len, group, num_q_heads, rows, row_tiles;
   int num_splits, split_tokens;
@@ -374,6 +377,8 @@ __global__ void __launch_bounds__(32 * kWarps, kCtasPerSm) attention_split_kerne
     __syncwarp();
   }
   cp_async_wait<0>();
+  // The merge pass may be scheduled now (programmatic dependent launch); it waits for this grid.
+  asm volatile("griddepcontrol.launch_dependents;");
 
   // --- Epilogue: combine the 4 warps' states, write this split's partial state. ---
 #pragma unroll
@@ -432,6 +437,8 @@ __global__ void __launch_bounds__(128) merge_kernel(AttnArgs a, int batch) {
   const int kvh = int(item / a.rows % heads);
   const int b = int(item / a.rows / heads);
   const int64_t base = ((int64_t(b) * heads + kvh) * a.row_tiles * kRows + r) * a.num_splits;
+  // Launched early (programmatic dependent launch): wait until the split pass's writes are visible.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   // Lanes read the splits' (max, sum) in parallel; then every lane weighs every split's output
   // for its E dims, with the split weights broadcast from the lane that computed them.
   float m_all = -INFINITY;
@@ -455,13 +462,27 @@ __global__ void __launch_bounds__(128) merge_kernel(AttnArgs a, int batch) {
     }
   }
   for (int o = 16; o > 0; o >>= 1) l_all += __shfl_xor_sync(0xffffffffu, l_all, o);
+  const int j = r / a.group, hq = kvh * a.group + r % a.group;
+  const int64_t row = (int64_t(b) * a.q_len + j) * a.num_q_heads + hq;
+  if (a.lse) {
+    // The scores left out q . mean (the key mean, original channels): add it back, in base 2.
+    const CodecLayout& kl = a.cache.codec[0];
+    float qm = 0.0f;
+    if (kl.mean) {
+      const T* qv = static_cast<const T*>(a.q) + row * D;
+#pragma unroll
+      for (int e = 0; e < E; ++e) qm += to_float(qv[lane * E + e]) * mean_of(kl, kvh, lane * E + e);
+      for (int o = 16; o > 0; o >>= 1) qm += __shfl_xor_sync(0xffffffffu, qm, o);
+    }
+    if (lane == 0)
+      a.lse[row] = l_all > 0.0f ? (m_all + log2f(l_all) + a.q_scale * qm) * kLn2 : -INFINITY;
+  }
   const float inv = l_all > 0.0f ? 1.0f / l_all : 0.0f;
   const CodecLayout& vl = a.cache.codec[1];
 #pragma unroll
   for (int e = 0; e < E; ++e) acc[e] *= inv;
   warp_fwht<E>(acc, D / vl.num_groups);
-  const int j = r / a.group, hq = kvh * a.group + r % a.group;
-  T* out = static_cast<T*>(a.out) + ((int64_t(b) * a.q_len + j) * a.num_q_heads + hq) * D;
+  T* out = static_cast<T*>(a.out) + row * D;
 #pragma unroll
   for (int e = 0; e < E; ++e) {
     const int pj = lane * E + e;
@@ -533,19 +554,35 @@ tq_status launch(AttnArgs& a, int batch, cudaStream_t stream) {
     return fail(TQ_ERR_CUDA, "attention: cannot raise the shared memory limit to %d bytes", plan.total);
   kernel<<<grid, 32 * kWarps, plan.total, stream>>>(a);
   TQ_TRY(check_launch("attention (split pass)"));
+  // The merge pass as a programmatic dependent launch: its launch overlaps the split pass's tail
+  // (it starts with griddepcontrol.wait), which matters where the whole call lasts microseconds.
   const int64_t warps = int64_t(batch) * a.cache.num_kv_heads * a.rows;
-  merge_kernel<D, T><<<unsigned((warps + 3) / 4), 128, 0, stream>>>(a, batch);
-  return check_launch("attention (merge pass)");
+  cudaLaunchAttribute pdl{};
+  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned((warps + 3) / 4));
+  cfg.blockDim = dim3(128);
+  cfg.stream = stream;
+  cfg.attrs = &pdl;
+  cfg.numAttrs = 1;
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, merge_kernel<D, T>, a, batch);
+  cudaGetLastError();  // reported from err: leave no stale error for the next check_launch
+  return err == cudaSuccess ? TQ_OK
+                            : fail(TQ_ERR_CUDA, "attention (merge pass): CUDA launch failed: %s",
+                                   cudaGetErrorString(err));
 }
 
 tq_status attention(const char* name, int max_q_len, const tq_paged_cache* cache, const void* q,
-                    void* out, tq_dtype dtype, const int32_t* kv_lens, int32_t max_kv_len,
-                    int32_t batch, int32_t q_len, int32_t num_q_heads, float softmax_scale,
-                    void* workspace, size_t ws_bytes, tq_stream stream) {
+                    void* out, float* lse, tq_dtype dtype, const int32_t* kv_lens,
+                    int32_t max_kv_len, int32_t batch, int32_t q_len, int32_t num_q_heads,
+                    float softmax_scale, void* workspace, size_t ws_bytes, tq_stream stream) {
   AttnArgs a{};
   TQ_TRY(make_cache_view(cache, &a.cache));
   if (!q || !out || !kv_lens)
     return fail(TQ_ERR_NULL_POINTER, "%s: q, out and kv_lens must not be NULL", name);
+  if (reinterpret_cast<uintptr_t>(lse) % alignof(float))
+    return fail(TQ_ERR_MISALIGNED, "%s: lse must be 4-byte aligned", name);
   if (batch < 1 || q_len < 1 || q_len > max_q_len)
     return fail(TQ_ERR_BAD_LENGTH, "%s: batch %d must be >= 1 and q_len %d in 1..%d", name, batch,
                 q_len, max_q_len);
@@ -575,6 +612,7 @@ tq_status attention(const char* name, int max_q_len, const tq_paged_cache* cache
   a.tile[1] = relayout(a.cache.codec[1], kTile);
   a.q = q;
   a.out = out;
+  a.lse = lse;
   a.kv_lens = kv_lens;
   a.max_kv_len = max_kv_len;
   a.q_len = q_len;
@@ -589,8 +627,9 @@ tq_status attention(const char* name, int max_q_len, const tq_paged_cache* cache
   a.ws_o = static_cast<float*>(workspace);
   a.ws_ml = reinterpret_cast<float2*>(a.ws_o + slots * d);
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  if (d == 128) return dtype == TQ_FP16 ? launch<128, __half>(a, batch, s) : launch<128, __nv_bfloat16>(a, batch, s);
-  return dtype == TQ_FP16 ? launch<64, __half>(a, batch, s) : launch<64, __nv_bfloat16>(a, batch, s);
+  return dispatch(d, dtype, [&](auto dim, auto type) {
+    return launch<decltype(dim)::value, typename decltype(type)::type>(a, batch, s);
+  });
 }
 
 }  // namespace
@@ -607,22 +646,22 @@ extern "C" size_t tq_attention_workspace_bytes(int32_t batch, int32_t q_len, int
 }
 
 extern "C" tq_status tq_decode_attention(const tq_paged_cache* cache, const void* q, void* out,
-                                         tq_dtype dtype, const int32_t* kv_lens, int32_t max_kv_len,
-                                         int32_t batch, int32_t q_len, int32_t num_q_heads,
-                                         float softmax_scale, void* workspace,
+                                         float* lse, tq_dtype dtype, const int32_t* kv_lens,
+                                         int32_t max_kv_len, int32_t batch, int32_t q_len,
+                                         int32_t num_q_heads, float softmax_scale, void* workspace,
                                          size_t workspace_bytes, tq_stream stream) {
-  return tq::attention("decode_attention", TQ_MAX_DECODE_Q_LEN, cache, q, out, dtype, kv_lens,
+  return tq::attention("decode_attention", TQ_MAX_DECODE_Q_LEN, cache, q, out, lse, dtype, kv_lens,
                        max_kv_len, batch, q_len, num_q_heads, softmax_scale, workspace,
                        workspace_bytes, stream);
 }
 
 extern "C" tq_status tq_prefill_attention(const tq_paged_cache* cache, const void* q, void* out,
-                                          tq_dtype dtype, const int32_t* kv_lens,
+                                          float* lse, tq_dtype dtype, const int32_t* kv_lens,
                                           int32_t max_kv_len, int32_t batch, int32_t q_len,
                                           int32_t num_q_heads, float softmax_scale,
                                           void* workspace, size_t workspace_bytes,
                                           tq_stream stream) {
-  return tq::attention("prefill_attention", 1 << 20, cache, q, out, dtype, kv_lens, max_kv_len,
+  return tq::attention("prefill_attention", 1 << 20, cache, q, out, lse, dtype, kv_lens, max_kv_len,
                        batch, q_len, num_q_heads, softmax_scale, workspace, workspace_bytes,
                        stream);
 }

@@ -81,13 +81,8 @@ extern "C" tq_status tq_dequantize(const tq_paged_cache* cache, int32_t seq, int
   const dim3 grid(unsigned((warps + kWarpsPerBlock - 1) / kWarpsPerBlock));
   const dim3 block(32 * kWarpsPerBlock);
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  const int d = a.cache.codec[0].head_dim;
-  if (d == 128) {
-    if (dtype == TQ_FP16) dequantize_kernel<128, __half><<<grid, block, 0, s>>>(a);
-    else dequantize_kernel<128, __nv_bfloat16><<<grid, block, 0, s>>>(a);
-  } else {
-    if (dtype == TQ_FP16) dequantize_kernel<64, __half><<<grid, block, 0, s>>>(a);
-    else dequantize_kernel<64, __nv_bfloat16><<<grid, block, 0, s>>>(a);
-  }
+  dispatch(a.cache.codec[0].head_dim, dtype, [&](auto dim, auto type) {
+    dequantize_kernel<decltype(dim)::value, typename decltype(type)::type><<<grid, block, 0, s>>>(a);
+  });
   return check_launch("dequantize");
 }

@@ -1,11 +1,13 @@
 // device_common.cuh: small device helpers shared by every kernel: the rotation sign hash,
-// activation loads/stores, code extraction from a page, and the warp-level Walsh-Hadamard transform.
+// activation loads/stores, code extraction from a page, the warp-level Walsh-Hadamard transform,
+// and the host-side dispatch of kernels over (head_dim, dtype).
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "layout.h"
 
@@ -105,6 +107,19 @@ __device__ inline void warp_fwht(float (&x)[E], int n) {
 __device__ inline float group_sum(float v, int lanes_per_group) {
   for (int o = 1; o < lanes_per_group; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
+}
+
+template <typename T> struct TypeTag { using type = T; };
+
+// Calls f(std::integral_constant<int, D>{}, TypeTag<T>{}) for a validated runtime head_dim (64 or
+// 128) and dtype, and returns what f returns: the one place that maps them to kernel instances.
+template <typename F>
+inline auto dispatch(int head_dim, tq_dtype dtype, F&& f) {
+  auto with_dim = [&](auto type) {
+    return head_dim == 128 ? f(std::integral_constant<int, 128>{}, type)
+                           : f(std::integral_constant<int, 64>{}, type);
+  };
+  return dtype == TQ_FP16 ? with_dim(TypeTag<__half>{}) : with_dim(TypeTag<__nv_bfloat16>{});
 }
 
 }  // namespace tq

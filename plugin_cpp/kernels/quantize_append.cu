@@ -1,5 +1,5 @@
 // quantize_append.cu: tq_quantize_append. One warp encodes one (token, KV head, K or V) vector:
-// mean, scale, permutation, signs, per-group norm, rotation, quantization, packing, write
+// mean, scale, permutation, signs, per-group norm, rotation, quantization, gain, packing, write
 // (docs/FORMAT.md section 1, steps 1-4; the Python reference is tq_trtllm.core.quantizer).
 #include "cache.h"
 #include "device_common.cuh"
@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) quantize_append_kernel(Ap
   }
   const int g = group_index(l, lane * E);
   const GroupLayout& gl = l.group[g];
-  // Step 4.1-4.2: the group's norm, stored as fp16 (saturated: a kernel cannot refuse).
+  // Step 4.1-4.2: the group's norm.
   float sq = 0.0f;
 #pragma unroll
   for (int e = 0; e < E; ++e) sq += p[e] * p[e];
@@ -77,7 +77,14 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) quantize_append_kernel(Ap
     for (int k = 0; k < (1 << gl.bits) - 1; ++k) c += l.boundary[g][k] < p[e];
     code[e] = c;
   }
-  // Pack: the low plane, then (3-bit codes) the high plane, then the norm.
+  // Step 4.5: the gain norm / <y, c[code]> makes <x, x_hat> = ||x||^2, so the reconstruction is not
+  // shrunk by the quantizer's distortion (unbiased attention logits); the norm itself when dot <= 0.
+  float dot = 0.0f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) dot += p[e] * l.codebook[g][code[e]];
+  dot = group_sum(dot, gl.dim / E);
+  const float gain = dot > 0.0f ? norm / dot : norm;
+  // Pack: the low plane, then (3-bit codes) the high plane, then the gain in the norm field.
   const int i0 = lane * E - gl.start;  // this lane's first group coordinate
   uint32_t lo = 0, hi = 0;
 #pragma unroll
@@ -95,9 +102,9 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) quantize_append_kernel(Ap
     reinterpret_cast<uint32_t*>(page + gl.lo_off + slot * gl.lo_row_bytes)[group_lane / lo_lanes] = lo;
   if (gl.hi_off >= 0 && group_lane % hi_lanes == 0)
     reinterpret_cast<uint32_t*>(page + gl.hi_off + slot * gl.hi_row_bytes)[group_lane / hi_lanes] = hi;
-  if (lane * E == gl.start) {
+  if (lane * E == gl.start) {  // fp16, saturated: a kernel cannot refuse an overflow
     __half* norms = reinterpret_cast<__half*>(page + l.norm_off);
-    norms[g * l.tokens + slot] = __float2half_rn(fminf(norm, 65504.0f));
+    norms[g * l.tokens + slot] = __float2half_rn(fminf(gain, 65504.0f));
   }
 }
 
@@ -137,12 +144,8 @@ extern "C" tq_status tq_quantize_append(const tq_paged_cache* cache, const void*
   const dim3 grid(unsigned((warps + kWarpsPerBlock - 1) / kWarpsPerBlock));
   const dim3 block(32 * kWarpsPerBlock);
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  if (d == 128) {
-    if (dtype == TQ_FP16) quantize_append_kernel<128, __half><<<grid, block, 0, s>>>(a);
-    else quantize_append_kernel<128, __nv_bfloat16><<<grid, block, 0, s>>>(a);
-  } else {
-    if (dtype == TQ_FP16) quantize_append_kernel<64, __half><<<grid, block, 0, s>>>(a);
-    else quantize_append_kernel<64, __nv_bfloat16><<<grid, block, 0, s>>>(a);
-  }
+  dispatch(d, dtype, [&](auto dim, auto type) {
+    quantize_append_kernel<decltype(dim)::value, typename decltype(type)::type><<<grid, block, 0, s>>>(a);
+  });
   return check_launch("quantize_append");
 }

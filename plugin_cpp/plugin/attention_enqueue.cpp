@@ -122,9 +122,9 @@ int32_t run(PluginConfig const& c, DeviceTables& tables, nvinfer1::PluginTensorD
   for (int32_t r = 0; r < plan.numContext; ++r) {
     RequestSlice const& req = plan.requests[r];
     cache.block_table = pool.blockTable + r * tableRow;
-    if (!kernelOk(tq_prefill_attention(&cache, q + req.tokenBegin * rowBytes, out + req.tokenBegin * rowBytes, dtype,
-                                       kvLens + r, req.kvLen, 1, req.numTokens, c.numQHeads, softmaxScale, attnWs,
-                                       ws.attentionBytes, s),
+    if (!kernelOk(tq_prefill_attention(&cache, q + req.tokenBegin * rowBytes, out + req.tokenBegin * rowBytes,
+                                       /*lse=*/nullptr, dtype, kvLens + r, req.kvLen, 1, req.numTokens, c.numQHeads,
+                                       softmaxScale, attnWs, ws.attentionBytes, s),
                   "prefill attention", error))
       return 1;
   }
@@ -132,9 +132,9 @@ int32_t run(PluginConfig const& c, DeviceTables& tables, nvinfer1::PluginTensorD
     int32_t const first = plan.numContext;
     int32_t const token = plan.requests[first].tokenBegin;
     cache.block_table = pool.blockTable + first * tableRow;
-    if (!kernelOk(tq_decode_attention(&cache, q + token * rowBytes, out + token * rowBytes, dtype, kvLens + first,
-                                      plan.maxGenerationKvLen, plan.numGeneration, 1, c.numQHeads, softmaxScale,
-                                      attnWs, ws.attentionBytes, s),
+    if (!kernelOk(tq_decode_attention(&cache, q + token * rowBytes, out + token * rowBytes, /*lse=*/nullptr, dtype,
+                                      kvLens + first, plan.maxGenerationKvLen, plan.numGeneration, 1, c.numQHeads,
+                                      softmaxScale, attnWs, ws.attentionBytes, s),
                   "decode attention", error))
       return 1;
   }

@@ -52,7 +52,11 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"d{c[0]}-h{c[1]}x{c[2]}-k{c[3]}v{c[4]}-q{c[5]}-{str(c[6])[6:]}-{'tab' if c[7] else 'plain'}")
+def case_id(c):
+    return f"d{c[0]}-h{c[1]}x{c[2]}-k{c[3]}v{c[4]}-q{c[5]}-{str(c[6])[6:]}-{'tab' if c[7] else 'plain'}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_decode_attention_ragged(case, gen):
     d, hq, hkv, kw, vw, q_len, dtype, tables = case
     T = 32
@@ -99,6 +103,63 @@ def test_prefill_attention_chunk_over_history(dtype, gen):
     check_against_reference(cache, table, q, out, lengths, 128**-0.5)
 
 
+def reference_lse(cache, table, q, lengths, scale):
+    """float64 log-sum-exp of scale * q . k_hat over the keys each query row sees, k_hat the
+    reference-dequantized keys (key mean included): [batch, q_len, Hq], -inf where none."""
+    q_len, hq = q.shape[1:3]
+    rows = []
+    for b, n in enumerate(lengths):
+        k, _ = cache.gather(table, b, 0, n, dtype=torch.float64)
+        k = k.repeat_interleave(hq // k.shape[1], dim=1)
+        logits = torch.einsum("qhd,khd->qhk", q[b].double(), k) * scale
+        qpos = torch.arange(n - q_len, n, device=q.device)[:, None, None]
+        kpos = torch.arange(n, device=q.device)[None, None, :]
+        rows.append(logits.masked_fill(kpos > qpos, float("-inf")).logsumexp(dim=-1))
+    return torch.stack(rows)
+
+
+def check_lse(got, want):
+    none = want == float("-inf")
+    assert (got[none] == float("-inf")).all(), "a row that sees no key must get -inf"
+    err = (got[~none].double() - want[~none]).abs().max().item()
+    assert err <= TOL, f"lse: max abs error {err:.2e}"
+
+
+LSE_CASES = [
+    # head_dim, q heads, kv heads, k width, v width, q_len, dtype, tables (key mean)
+    (128, 8, 2, 3, 3, 1, torch.float16, True),      # GQA 4, key mean
+    (128, 4, 4, 4, 2, 3, torch.float16, False),     # group 1, no mean, q_len > 1
+    (64, 9, 3, 3.5, 2.5, 5, torch.bfloat16, True),  # fractional widths, q_len > 1, key mean
+]
+
+
+@pytest.mark.parametrize("case", LSE_CASES, ids=case_id)
+def test_decode_attention_returns_the_lse(case, gen):
+    d, hq, hkv, kw, vw, q_len, dtype, tables = case
+    T = 32
+    lengths = [q_len, max(1, q_len - 2), T + 7, 777, 2048 + 3]  # q_len - 2: early rows see nothing
+    cache, table, kc = make_cache(d, kw, vw, hkv, T, lengths, gen, tables)
+    fill(kc, lengths, hkv, d, gen)
+    q = torch.randn(len(lengths), q_len, hq, d, generator=gen).to(dtype).cuda()
+    scale = d**-0.5
+    lens = torch.tensor(lengths, dtype=torch.int32)
+    lse = torch.full(q.shape[:3], float("nan"), device="cuda")
+    out = decode_attention(kc, q, lens, max(lengths), scale, lse=lse)
+    check_lse(lse, reference_lse(cache, table, q, lengths, scale))
+    assert torch.equal(out, decode_attention(kc, q, lens, max(lengths), scale)), \
+        "asking for the lse must not change the output"
+
+
+def test_prefill_attention_returns_the_lse(gen):
+    lengths = [400, 130]
+    cache, table, kc = make_cache(128, 3, 3, 2, 32, lengths, gen, tables=True)
+    fill(kc, lengths, 2, 128, gen)
+    q = torch.randn(2, 100, 8, 128, generator=gen).half().cuda()
+    lse = torch.empty(2, 100, 8, device="cuda")
+    prefill_attention(kc, q, torch.tensor(lengths), max(lengths), lse=lse)
+    check_lse(lse, reference_lse(cache, table, q, lengths, 128**-0.5))
+
+
 def test_bad_input_raises_with_a_message(gen):
     cache, table, kc = make_cache(128, 3, 3, 2, 32, [40], gen)
     q = torch.randn(1, 1, 8, 128, generator=gen).half().cuda()
@@ -108,6 +169,8 @@ def test_bad_input_raises_with_a_message(gen):
         decode_attention(kc, torch.randn(1, 9, 8, 128).half().cuda(), torch.tensor([40]), 40)
     with pytest.raises(TQError, match="num_q_heads"):
         decode_attention(kc, torch.randn(1, 1, 3, 128).half().cuda(), torch.tensor([40]), 40)
+    with pytest.raises(TQError, match="lse must be"):
+        decode_attention(kc, q, torch.tensor([40]), 40, lse=torch.empty(1, 1, 8, device="cuda").half())
     with pytest.raises(TQError, match="workspace"):
         decode_attention(kc, q, torch.tensor([40]), 40,
                          workspace=torch.empty(8, dtype=torch.uint8, device="cuda"))

@@ -1,4 +1,5 @@
-"""tq_quantize_append writes the reference's bytes; tq_dequantize reads them like the reference."""
+"""tq_quantize_append writes the reference's bytes (codes and gains); tq_dequantize reads
+them like the reference."""
 
 import pytest
 import torch
@@ -54,8 +55,11 @@ def test_quantize_append_matches_reference(width, head_dim, dtype, gen):
     for kv, (x, codec) in enumerate(((k, ref.key), (v, ref.value))):
         want, _, _ = all_tokens(ref, table, lengths, kv)
         got, _, _ = all_tokens(mine, table, lengths, kv)
+        # the gain depends on the codes: compare it where the group's codes agree (a code
+        # may flip at a decision boundary, checked below)
+        same = torch.stack([(cg == cw).all(dim=-1) for cg, cw in zip(got.codes, want.codes)], dim=-1)
         ulps = (got.norms.view(torch.int16).int() - want.norms.view(torch.int16).int()).abs()
-        assert ulps.max().item() <= 1, f"norms differ by {ulps.max().item()} fp16 ulps"
+        assert ulps[same].max().item() <= 1, f"gains differ by {ulps[same].max().item()} fp16 ulps"
         ys = rotated_coordinates(codec, x[order])
         for g, (cg, cw, y) in enumerate(zip(got.codes, want.codes, ys)):
             bad = cg != cw

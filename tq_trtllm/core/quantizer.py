@@ -18,6 +18,9 @@ from .spec import CodecSpec, check_head_dim
 
 FP16_MAX = 65504.0
 ROTATIONS = ("hadamard", "dense")
+# What the per-group fp16 field stores (FORMAT.md step 4.5): "unbiased", the gain that keeps
+# <x, x_hat> = ||x||^2 (what the cache writes), or "norm", ||x|| as in the paper's TurboQuant-MSE.
+GAINS = ("unbiased", "norm")
 
 
 def check_finite(x: torch.Tensor, what: str) -> None:
@@ -30,7 +33,8 @@ def check_finite(x: torch.Tensor, what: str) -> None:
 
 @dataclass
 class Encoded:
-    """Codes and norms of a batch of vectors: codes[g] is [..., n_g] uint8, norms is [..., G] fp16."""
+    """Codes and gains of a batch of vectors: codes[g] is [..., n_g] uint8; norms is [..., G] fp16,
+    the format's per-group norm field, which holds the gain (FORMAT.md step 4.5)."""
 
     codes: list[torch.Tensor]
     norms: torch.Tensor
@@ -51,12 +55,17 @@ class VectorCodec:
     mean, scale: [head_dim] or broadcastable to the inputs' [..., head_dim] (e.g. [kv_heads, head_dim]).
     outliers: channel indices of the wider group of a fractional width, [n_hi] or [kv_heads, n_hi];
     default: the first n_hi channels. codebooks: one per group, to replace the analytic ones.
+    gain: one of GAINS.
     """
 
     def __init__(self, spec: CodecSpec, *, seed: int = 0, mean=None, scale=None, outliers=None,
-                 codebooks=None, codebook_kind: str = "exact", rotation: str = "hadamard"):
+                 codebooks=None, codebook_kind: str = "exact", rotation: str = "hadamard",
+                 gain: str = "unbiased"):
         if rotation not in ROTATIONS:
             raise TQError(f"rotation {rotation!r} is unknown; use one of {', '.join(ROTATIONS)}")
+        if gain not in GAINS:
+            raise TQError(f"gain {gain!r} is unknown; use one of {', '.join(GAINS)}")
+        self.gain = gain
         if rotation == "hadamard":
             check_head_dim(spec.head_dim)
         self.spec = spec
@@ -146,22 +155,28 @@ class VectorCodec:
             raise TQError(f"vectors have {x.shape[-1]} channels but head_dim is {self.spec.head_dim}")
         check_finite(x, "the key/value input")
         p = self._to_permuted(x)
-        codes, norms = [], []
+        codes, gains = [], []
         for i, g in enumerate(self.spec.groups):
             part = p[..., g.start:g.start + g.dim]
             norm = part.norm(dim=-1, keepdim=True)
-            if (norm > FP16_MAX).any():
-                raise TQError(
-                    f"a key/value vector has norm {norm.max().item():.4g}, beyond fp16's {FP16_MAX}; "
-                    "its norm cannot be stored (check the model's activations)"
-                )
             u = torch.where(norm > 0, part / torch.where(norm > 0, norm, 1.0), 0.0)
             y = self._rotate(u, i)
-            boundaries = (self.codebooks[i][1:] + self.codebooks[i][:-1]) / 2
+            book = self.codebooks[i].to(y.device)
             # code = number of boundaries strictly below y (ties go to the lower code)
-            codes.append(torch.bucketize(y, boundaries.to(y.device), right=False).to(torch.uint8))
-            norms.append(norm)
-        return Encoded(codes, torch.cat(norms, dim=-1).to(torch.float16))
+            code = torch.bucketize(y, (book[1:] + book[:-1]) / 2, right=False)
+            gain = norm
+            if self.gain == "unbiased":  # undo the quantizer's shrinkage along x (step 4.5)
+                dot = (y * book[code]).sum(dim=-1, keepdim=True)
+                gain = torch.where(dot > 0, norm / torch.where(dot > 0, dot, 1.0), norm)
+            if (gain > FP16_MAX).any():
+                raise TQError(
+                    f"a key/value vector has norm {norm.max().item():.4g}; its gain "
+                    f"{gain.max().item():.4g} is beyond fp16's {FP16_MAX} and cannot be stored "
+                    "(check the model's activations)"
+                )
+            codes.append(code.to(torch.uint8))
+            gains.append(gain)
+        return Encoded(codes, torch.cat(gains, dim=-1).to(torch.float16))
 
     def decode(self, enc: Encoded, dtype=torch.float32) -> torch.Tensor:
         parts = []
@@ -183,7 +198,7 @@ class ProdCodec:
     def __init__(self, head_dim: int, bits: int, *, seed: int = 0, rotation: str = "hadamard"):
         if not 2 <= bits <= 4:
             raise TQError(f"TurboQuant-prod needs 2 to 4 bits (one goes to QJL), got {bits}")
-        self.mse = VectorCodec(CodecSpec(head_dim, bits - 1), seed=seed, rotation=rotation)
+        self.mse = VectorCodec(CodecSpec(head_dim, bits - 1), seed=seed, rotation=rotation, gain="norm")
         gen = torch.Generator().manual_seed(seed + 0x51)
         self.sketch = torch.randn(head_dim, head_dim, generator=gen, dtype=torch.float64)
 

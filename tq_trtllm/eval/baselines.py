@@ -5,6 +5,7 @@ cache: a token's own key and value are quantized before attention reads them).
   fp16      the baseline every delta is measured against
   fp8       float8 e4m3 with one scale per tensor (each layer's K or V of the sequence)
   kivi3/4   uniform asymmetric quantization per token and head (fp16 scale and zero point)
+  mse3/4    TurboQuant-MSE exactly as in the paper (stored gain = the norm, no calibration)
   prod3/4   TurboQuant-prod: (b-1)-bit TurboQuant-MSE + 1-bit QJL residual (paper, Alg. 2)
 """
 
@@ -14,7 +15,8 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from ..core.errors import TQError
-from ..core.quantizer import ProdCodec
+from ..core.quantizer import ProdCodec, VectorCodec
+from ..core.spec import CodecSpec
 
 FP8_MAX = 448.0  # largest finite float8 e4m3fn value
 
@@ -36,6 +38,10 @@ def uniform_roundtrip(x: torch.Tensor, bits: int) -> torch.Tensor:
     return (torch.round((x - lo) / step).clamp(0, 2**bits - 1) * step + lo)
 
 
+def _paper_mse(bits: int, head_dim: int):
+    return VectorCodec(CodecSpec(head_dim, bits), seed=0, gain="norm").roundtrip
+
+
 def _prod(bits: int, head_dim: int):
     codec = ProdCodec(head_dim, bits, seed=0)
     return codec.roundtrip
@@ -47,6 +53,8 @@ BASELINES = {
     "fp8": (lambda d: fp8_roundtrip, lambda d: 8.0),
     "kivi3": (lambda d: (lambda x: uniform_roundtrip(x, 3)), lambda d: 3 + 32 / d),
     "kivi4": (lambda d: (lambda x: uniform_roundtrip(x, 4)), lambda d: 4 + 32 / d),
+    "mse3": (lambda d: _paper_mse(3, d), lambda d: 3 + 16 / d),
+    "mse4": (lambda d: _paper_mse(4, d), lambda d: 4 + 16 / d),
     "prod3": (lambda d: _prod(3, d), lambda d: 3 + 32 / d),
     "prod4": (lambda d: _prod(4, d), lambda d: 4 + 32 / d),
 }

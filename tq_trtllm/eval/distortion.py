@@ -7,14 +7,17 @@ import torch
 from ..core.quantizer import ProdCodec, VectorCodec
 from ..core.spec import CodecSpec
 
-KINDS = ("mse", "prod")
+# mse: the paper's TurboQuant-MSE (gain = norm); unbiased: the same codes with the gain the cache
+# stores (docs/FORMAT.md step 4.5); prod: the paper's TurboQuant-prod (MSE + 1-bit QJL).
+KINDS = ("mse", "unbiased", "prod")
 
 
 def measure_distortion(bits: int, dim: int, kind: str = "mse", rotation: str = "hadamard",
                        samples: int = 100_000, seed: int = 0, batch: int = 20_000) -> dict:
     """E||x - x_hat||^2 over random unit x, and the error of <y, x_hat> - <y, x> for random unit y."""
     codec = ProdCodec(dim, bits, seed=seed, rotation=rotation) if kind == "prod" else \
-        VectorCodec(CodecSpec(dim, bits), seed=seed, rotation=rotation)
+        VectorCodec(CodecSpec(dim, bits), seed=seed, rotation=rotation,
+                    gain="norm" if kind == "mse" else "unbiased")
     gen = torch.Generator().manual_seed(seed + 1)
     sq_err = ip_sum = ip_sq = 0.0
     done = 0

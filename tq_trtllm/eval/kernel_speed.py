@@ -94,7 +94,7 @@ def raw_attention_call(kc: KernelCache, fn_name: str, q: torch.Tensor, kv_lens: 
     ws = torch.empty(workspace_bytes(batch, q_len, hq, kc.cache.num_kv_heads, d, max_kv_len),
                      dtype=torch.uint8, device="cuda")
     fn = getattr(library(), fn_name)
-    args = (ctypes.byref(kc.struct), q.data_ptr(), out.data_ptr(), _dtype_code(q.dtype),
+    args = (ctypes.byref(kc.struct), q.data_ptr(), out.data_ptr(), None, _dtype_code(q.dtype),
             kv_lens.data_ptr(), max_kv_len, batch, q_len, hq, d**-0.5, ws.data_ptr(), ws.numel(),
             ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
 

@@ -1,8 +1,11 @@
 """The 'turboquant' attention implementation for transformers models.
 
 The model calls `cache.update` first (TurboQuantCache quantizes the new tokens into its pages and
-returns the keys and values read back from them) and then this function. It is also where
-calibration observes post-RoPE queries, keys and values, through `observe`.
+returns its exact sink tokens, tagged with the layer) and then this function, which reads the
+packed tokens in place (packed_attention) when the mask is the plain causal one, and otherwise (a
+padded batch) attends densely over the cache read back. Untagged keys and values (no cache, or
+another cache) go to transformers' SDPA attention. It is also where calibration observes post-RoPE
+queries, keys and values, through `observe`.
 """
 
 from __future__ import annotations
@@ -19,6 +22,14 @@ def turboquant_attention(module, query, key, value, attention_mask, **kwargs):
         observer(module.layer_idx, query, key, value)
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    from .packed_attention import attend, is_bottom_right_causal
+
+    layer = getattr(key, "tq_layer", None)
+    if layer is not None:
+        if is_bottom_right_causal(attention_mask, query.shape[2], layer.length):
+            scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
+            return attend(layer, query, scaling), None
+        key, value = layer.read_dense()
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 

@@ -2,10 +2,15 @@
 
 Every token's key and value, the one being processed included, is quantized into the pages before
 attention reads them (the kernels' quantize-append-then-attend order), except the first
-`sink_tokens` tokens of each sequence, which a table may keep exact in fp16. `update` returns the
-keys and values read back from the pages, so any attention implementation sees the cache's contents.
-Written against the layer API that transformers 4.56 and 5.x share (see get_mask_sizes for the one
-signature that differs).
+`sink_tokens` tokens of each sequence, which a table may keep exact in fp16.
+
+Backends: "kernels" keeps the pages on the GPU and appends and reads them with the CUDA library;
+"reference" uses the Python reference (any device); "auto" takes the kernels where they can run
+(CUDA tensors in fp16/bf16 and the library built). Either way `update` returns the sink tokens only,
+tagged with the layer (attribute `tq_layer`), and the "turboquant" attention function
+(integrations.attention, which the cache requires) reads the packed tokens in place
+(packed_attention). Written against the layer API that transformers 4.56 and 5.x share (see
+get_mask_sizes for the one signature that differs).
 """
 
 from __future__ import annotations
@@ -13,21 +18,39 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
+from .. import kernels
 from ..calibration.table import KVTable
 from ..core.errors import TQError
 from ..core.paged import PagedLayerCache
 
 TOKENS_PER_BLOCK = 16
+BACKENDS = ("auto", "kernels", "reference")
+KERNEL_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _kernels_for(backend: str, x: torch.Tensor) -> bool:
+    """Whether a layer holding tensors like x runs on the kernels under `backend`."""
+    why = kernels.unavailable_reason()
+    if why is None and not x.is_cuda:
+        why = "the model runs on the CPU"
+    if why is None and x.dtype not in KERNEL_DTYPES:
+        why = f"the kernels take float16 or bfloat16 activations, the model runs in {x.dtype}"
+    if backend == "kernels" and why:
+        raise TQError(f"the kernel backend cannot run here: {why}")
+    return backend != "reference" and why is None
 
 
 class TurboQuantLayer(DynamicLayer):
     def __init__(self, key_codec, value_codec, num_kv_heads: int, sink_tokens: int,
-                 tokens_per_block: int = TOKENS_PER_BLOCK):
+                 tokens_per_block: int = TOKENS_PER_BLOCK, backend: str = "auto"):
         super().__init__()
+        if backend not in BACKENDS:
+            raise TQError(f"backend {backend!r} is unknown; use one of {', '.join(BACKENDS)}")
         self.codecs = (key_codec, value_codec)
         self.num_kv_heads = num_kv_heads
         self.sink_tokens = sink_tokens
         self.tokens_per_block = tokens_per_block
+        self.backend = backend
         self._clear()
 
     def _clear(self) -> None:
@@ -35,6 +58,8 @@ class TurboQuantLayer(DynamicLayer):
         self.block_table: torch.Tensor | None = None  # int32 [batch, 2, blocks]
         self.sinks: tuple[torch.Tensor, torch.Tensor] | None = None  # fp16 [batch, H, s, d]
         self.length = 0
+        self.uses_kernels = False
+        self._kernel_cache = None  # kernels.KernelCache of the current pools and block table
         self.is_initialized = False
 
     def lazy_initialization(self, key_states, value_states=None) -> None:
@@ -43,6 +68,7 @@ class TurboQuantLayer(DynamicLayer):
         if key_states.shape[1] != self.num_kv_heads:
             raise TQError(f"the model has {key_states.shape[1]} KV heads but the table "
                           f"{self.num_kv_heads}")
+        self.uses_kernels = _kernels_for(self.backend, key_states)
         self.pages = PagedLayerCache(*self.codecs, self.num_kv_heads, self.tokens_per_block, 0,
                                      device=self.device)
         self.block_table = torch.zeros(self.batch, 2, 0, dtype=torch.int32, device=self.device)
@@ -51,7 +77,8 @@ class TurboQuantLayer(DynamicLayer):
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
-        """key_states, value_states: [batch, H, T, d], the next T positions of every sequence."""
+        """key_states, value_states: [batch, H, T, d], the next T positions of every sequence.
+        Returns the sink tokens, tagged with this layer for the attention function."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         start, steps = self.length, key_states.shape[2]
@@ -63,7 +90,18 @@ class TurboQuantLayer(DynamicLayer):
             self._append(key_states[:, :, exact:], value_states[:, :, exact:],
                          start + exact - self.sink_tokens)
         self.length = start + steps
-        return self._read()
+        out = tuple(s.to(self.dtype).view_as(s) for s in self.sinks)  # fresh objects to tag
+        for t in out:
+            t.tq_layer = self
+        return out
+
+    @property
+    def sink_count(self) -> int:
+        return min(self.length, self.sink_tokens)
+
+    @property
+    def packed_length(self) -> int:
+        return self.length - self.sink_count
 
     def _append(self, k, v, first: int) -> None:
         """Quantize [batch, H, n, d] into packed positions first .. first + n - 1."""
@@ -72,27 +110,45 @@ class TurboQuantLayer(DynamicLayer):
         seq_idx = torch.arange(self.batch, device=self.device).repeat_interleave(n)
         pos = torch.arange(first, first + n, device=self.device).repeat(self.batch)
         flat = [x.permute(0, 2, 1, 3).reshape(self.batch * n, self.num_kv_heads, -1) for x in (k, v)]
-        self.pages.append(self.block_table, flat[0], flat[1], seq_idx, pos)
+        if self.uses_kernels:
+            kernels.quantize_append(self.kernel_cache(), flat[0], flat[1], seq_idx, pos)
+        else:
+            self.pages.append(self.block_table, flat[0], flat[1], seq_idx, pos)
 
     def _reserve(self, tokens: int) -> None:
-        """Blocks for `tokens` packed positions per sequence; block i of sequence b is chunk i*batch+b."""
+        """Blocks for `tokens` packed positions per sequence; block i of sequence b is chunk i*batch+b.
+        The table at least doubles when it grows, so a long generation copies the pool O(log n) times."""
         have = self.block_table.shape[2]
         need = -(-tokens // self.tokens_per_block)
         if need <= have:
             return
+        need = max(need, 2 * have)
         self.pages.grow(need * self.batch)
         chunks = torch.arange(have * self.batch, need * self.batch, dtype=torch.int32,
                               device=self.device).view(need - have, self.batch).T
         self.block_table = torch.cat([self.block_table, chunks[:, None, :].expand(-1, 2, -1)], dim=2)
+        self._kernel_cache = None  # the pools and the table moved
 
-    def _read(self):
-        packed = self.length - min(self.length, self.sink_tokens)
+    def kernel_cache(self):
+        if self._kernel_cache is None:
+            self._kernel_cache = kernels.KernelCache(self.pages, self.block_table)
+        return self._kernel_cache
+
+    def read_packed(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The packed tokens dequantized: K, V [batch, H, packed_length, d] in the model's dtype."""
         keys, values = [], []
         for b in range(self.batch):
-            k, v = self.pages.gather(self.block_table, b, 0, packed, dtype=self.dtype)
+            if self.uses_kernels:
+                k, v = kernels.dequantize(self.kernel_cache(), b, 0, self.packed_length, self.dtype)
+            else:
+                k, v = self.pages.gather(self.block_table, b, 0, self.packed_length, dtype=self.dtype)
             keys.append(k.transpose(0, 1))
             values.append(v.transpose(0, 1))
-        k, v = torch.stack(keys), torch.stack(values)
+        return torch.stack(keys), torch.stack(values)
+
+    def read_dense(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every cached token as dense K, V [batch, H, length, d]: sinks, then the packed tokens."""
+        k, v = self.read_packed()
         return (torch.cat([self.sinks[0].to(self.dtype), k], dim=2),
                 torch.cat([self.sinks[1].to(self.dtype), v], dim=2))
 
@@ -123,9 +179,11 @@ class TurboQuantLayer(DynamicLayer):
 class TurboQuantCache(Cache):
     """A packed TurboQuant KV cache for one model, laid out by a calibration table."""
 
-    def __init__(self, table: KVTable, tokens_per_block: int = TOKENS_PER_BLOCK):
+    def __init__(self, table: KVTable, tokens_per_block: int = TOKENS_PER_BLOCK,
+                 backend: str = "auto"):
         self.table = table
-        layers = [TurboQuantLayer(*table.codecs(i), table.kv_heads, table.sink_tokens, tokens_per_block)
+        layers = [TurboQuantLayer(*table.codecs(i), table.kv_heads, table.sink_tokens, tokens_per_block,
+                                  backend)
                   for i in range(len(table.layers))]
         super().__init__(layers=layers)
 

@@ -17,6 +17,7 @@ from ..core.errors import TQError
 LIB_NAME = "libtq_kernels.so"
 MAX_GROUPS = 2
 FORMAT_VERSION = 1
+MAX_DECODE_Q_LEN = 8  # TQ_MAX_DECODE_Q_LEN: query tokens per sequence that tq_decode_attention takes
 FP16, BF16 = 0, 1
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -79,11 +80,11 @@ _SIGNATURES = {
     "tq_quantize_append": (ctypes.c_int, [ctypes.POINTER(TqPagedCache), _P, _P, ctypes.c_int64,
                                           ctypes.c_int, _P, _P, _I32, _I32, _P]),
     "tq_attention_workspace_bytes": (ctypes.c_size_t, [_I32, _I32, _I32, _I32, _I32, _I32]),
-    "tq_decode_attention": (ctypes.c_int, [ctypes.POINTER(TqPagedCache), _P, _P, ctypes.c_int, _P,
-                                           _I32, _I32, _I32, _I32, ctypes.c_float, _P,
+    "tq_decode_attention": (ctypes.c_int, [ctypes.POINTER(TqPagedCache), _P, _P, _P, ctypes.c_int,
+                                           _P, _I32, _I32, _I32, _I32, ctypes.c_float, _P,
                                            ctypes.c_size_t, _P]),
-    "tq_prefill_attention": (ctypes.c_int, [ctypes.POINTER(TqPagedCache), _P, _P, ctypes.c_int, _P,
-                                            _I32, _I32, _I32, _I32, ctypes.c_float, _P,
+    "tq_prefill_attention": (ctypes.c_int, [ctypes.POINTER(TqPagedCache), _P, _P, _P, ctypes.c_int,
+                                            _P, _I32, _I32, _I32, _I32, ctypes.c_float, _P,
                                             ctypes.c_size_t, _P]),
     "tq_dequantize": (ctypes.c_int, [ctypes.POINTER(TqPagedCache), _I32, _I32, _I32, _P, _P,
                                      ctypes.c_int, _P]),

@@ -13,7 +13,7 @@ import torch
 from ..core.errors import TQError
 from ..core.paged import PagedLayerCache
 from ..core.quantizer import VectorCodec
-from ._lib import BF16, FP16, TqCodec, TqPagedCache, check, library
+from ._lib import BF16, FP16, MAX_DECODE_Q_LEN, TqCodec, TqPagedCache, check, library
 
 _DTYPES = {torch.float16: FP16, torch.bfloat16: BF16}
 
@@ -119,6 +119,10 @@ def _check_rows(name: str, t: torch.Tensor, heads: int, head_dim: int) -> None:
 def quantize_append(kc: KernelCache, k: torch.Tensor, v: torch.Tensor, seq_idx: torch.Tensor,
                     pos: torch.Tensor) -> None:
     """Quantize k, v ([n, num_kv_heads, head_dim], fp16/bf16) into (seq_idx[i], pos[i])."""
+    if kc.cache.key.gain != "unbiased" or kc.cache.value.gain != "unbiased":
+        # the kernel writes the unbiased gain (FORMAT.md step 4.5); the reference would disagree
+        raise TQError("quantize_append writes the unbiased gain only; the cache's codecs use "
+                      f"{kc.cache.key.gain!r} (keys) and {kc.cache.value.gain!r} (values)")
     h, d = kc.cache.num_kv_heads, kc.head_dim
     _check_rows("k", k, h, d)
     _check_rows("v", v, h, d)
@@ -141,7 +145,7 @@ def workspace_bytes(batch: int, q_len: int, num_q_heads: int, num_kv_heads: int,
 
 def _attention(fn_name: str, kc: KernelCache, q: torch.Tensor, kv_lens: torch.Tensor,
                max_kv_len: int, softmax_scale: float | None, out: torch.Tensor | None,
-               workspace: torch.Tensor | None) -> torch.Tensor:
+               workspace: torch.Tensor | None, lse: torch.Tensor | None) -> torch.Tensor:
     if q.dim() != 4 or q.shape[-1] != kc.head_dim or not q.is_contiguous():
         raise TQError(f"q must be contiguous [batch, q_len, num_q_heads, {kc.head_dim}], got "
                       f"{list(q.shape)}")
@@ -154,12 +158,17 @@ def _attention(fn_name: str, kc: KernelCache, q: torch.Tensor, kv_lens: torch.Te
     out = torch.empty_like(q) if out is None else out
     if out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():
         raise TQError("out must be a contiguous tensor shaped and typed like q")
+    if lse is not None and (lse.shape != (batch, q_len, hq) or lse.dtype != torch.float32
+                            or not lse.is_contiguous() or lse.device != q.device):
+        raise TQError(f"lse must be a contiguous float32 [{batch}, {q_len}, {hq}] tensor on "
+                      f"{q.device}, got {lse.dtype} {list(lse.shape)} on {lse.device}")
     need = workspace_bytes(batch, q_len, hq, kc.cache.num_kv_heads, d, max_kv_len)
     if workspace is None:
         workspace = torch.empty(need, dtype=torch.uint8, device=q.device)
     scale = d**-0.5 if softmax_scale is None else softmax_scale
     fn = getattr(library(), fn_name)
-    check(fn(ctypes.byref(kc.struct), q.data_ptr(), out.data_ptr(), _dtype_code(q.dtype),
+    check(fn(ctypes.byref(kc.struct), q.data_ptr(), out.data_ptr(),
+             None if lse is None else lse.data_ptr(), _dtype_code(q.dtype),
              kv_lens.data_ptr(), max_kv_len, batch, q_len, hq, scale, workspace.data_ptr(),
              workspace.numel() * workspace.element_size(), _stream()), fn_name)
     return out
@@ -167,18 +176,25 @@ def _attention(fn_name: str, kc: KernelCache, q: torch.Tensor, kv_lens: torch.Te
 
 def decode_attention(kc: KernelCache, q: torch.Tensor, kv_lens: torch.Tensor, max_kv_len: int,
                      softmax_scale: float | None = None, out: torch.Tensor | None = None,
-                     workspace: torch.Tensor | None = None) -> torch.Tensor:
-    """q: [batch, q_len (1..8), num_q_heads, head_dim]; the last q_len positions of each sequence."""
+                     workspace: torch.Tensor | None = None,
+                     lse: torch.Tensor | None = None) -> torch.Tensor:
+    """q: [batch, q_len (1..8), num_q_heads, head_dim]; the last q_len positions of each sequence.
+
+    lse, if given (float32 [batch, q_len, num_q_heads], contiguous, on q's device), receives each
+    row's natural-log log-sum-exp of softmax_scale * q . k over the keys it sees (-inf if none), to
+    merge this attention with attention over keys outside the cache. Returns out.
+    """
     return _attention("tq_decode_attention", kc, q, kv_lens, max_kv_len, softmax_scale, out,
-                      workspace)
+                      workspace, lse)
 
 
 def prefill_attention(kc: KernelCache, q: torch.Tensor, kv_lens: torch.Tensor, max_kv_len: int,
                       softmax_scale: float | None = None, out: torch.Tensor | None = None,
-                      workspace: torch.Tensor | None = None) -> torch.Tensor:
+                      workspace: torch.Tensor | None = None,
+                      lse: torch.Tensor | None = None) -> torch.Tensor:
     """Like decode_attention for a chunk of any number of new query tokens (causal)."""
     return _attention("tq_prefill_attention", kc, q, kv_lens, max_kv_len, softmax_scale, out,
-                      workspace)
+                      workspace, lse)
 
 
 def dequantize(kc: KernelCache, seq: int, start: int, length: int,

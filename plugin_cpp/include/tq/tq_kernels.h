@@ -93,8 +93,9 @@ int64_t tq_page_bytes(const tq_codec* codec, int32_t tokens_per_block);
  * tokens (heads contiguous), in `dtype`, 4-byte aligned.
  * Token i goes to sequence seq_idx[i] (in [0, batch)), position pos[i] (device int32 arrays).
  * Serves one decode step (one token per sequence) and the bulk write after a prefill.
- * A vector whose group norm exceeds fp16's range is stored with norm 65504 (the reference refuses
- * it; a kernel cannot raise). */
+ * Each group's norm field holds the gain norm / <y, c[code]> (FORMAT.md step 4.5), so
+ * <x, x_hat> = ||x||^2. A gain beyond fp16's range is stored as 65504 (the reference refuses it; a
+ * kernel cannot raise). */
 tq_status tq_quantize_append(const tq_paged_cache* cache, const void* k, const void* v,
                              int64_t token_stride, tq_dtype dtype, const int32_t* seq_idx,
                              const int32_t* pos, int32_t num_tokens, int32_t batch,
@@ -109,6 +110,10 @@ tq_status tq_quantize_append(const tq_paged_cache* cache, const void* k, const v
  * kv_lens: device int32 [batch]. max_kv_len (host) bounds every kv_lens[b] and must not exceed
  * max_blocks * tokens_per_block; it sizes the split-KV grid.
  * softmax_scale multiplies q . k (usually 1/sqrt(head_dim)).
+ * lse: NULL, or device float32 [batch][q_len][num_q_heads] (4-byte aligned) that receives each
+ * query row's natural-log log-sum-exp over the keys it sees, log(sum_i exp(softmax_scale *
+ * q . k_hat_i)), k_hat the decoded key including the key mean; -inf for a row that sees no key.
+ * With it a caller merges this attention with attention over keys kept outside the cache.
  * workspace: device memory of at least tq_attention_workspace_bytes(...) bytes, 16-byte aligned,
  * for the partial softmax states of the split-KV passes; not shared between concurrent calls.
  * The split count (hence the size) depends on the arguments and on the current device's SM count:
@@ -118,12 +123,12 @@ tq_status tq_quantize_append(const tq_paged_cache* cache, const void* k, const v
  * contract and the same kernels. */
 size_t tq_attention_workspace_bytes(int32_t batch, int32_t q_len, int32_t num_q_heads,
                                     int32_t num_kv_heads, int32_t head_dim, int32_t max_kv_len);
-tq_status tq_decode_attention(const tq_paged_cache* cache, const void* q, void* out,
+tq_status tq_decode_attention(const tq_paged_cache* cache, const void* q, void* out, float* lse,
                               tq_dtype dtype, const int32_t* kv_lens, int32_t max_kv_len,
                               int32_t batch, int32_t q_len, int32_t num_q_heads,
                               float softmax_scale, void* workspace, size_t workspace_bytes,
                               tq_stream stream);
-tq_status tq_prefill_attention(const tq_paged_cache* cache, const void* q, void* out,
+tq_status tq_prefill_attention(const tq_paged_cache* cache, const void* q, void* out, float* lse,
                                tq_dtype dtype, const int32_t* kv_lens, int32_t max_kv_len,
                                int32_t batch, int32_t q_len, int32_t num_q_heads,
                                float softmax_scale, void* workspace, size_t workspace_bytes,

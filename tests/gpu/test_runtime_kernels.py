@@ -1,0 +1,67 @@
+"""The transformers runtime on the kernels: a tiny random Llama on the GPU, its TurboQuantCache
+appended and read by libtq_kernels, against the same cache on the Python reference backend."""
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from hf_fixtures import tiny_model  # noqa: E402
+from tq_trtllm.calibration.table import oblivious_table  # noqa: E402
+from tq_trtllm.integrations.attention import use_turboquant_attention  # noqa: E402
+from tq_trtllm.integrations.cache import TurboQuantCache  # noqa: E402
+from tq_trtllm.models.fingerprint import fingerprint  # noqa: E402
+
+# a prefill whose first rows see sinks only, decode steps (decode kernel), a chunk of 3 (decode
+# kernel, q_len 3) and one of 12 (prefill kernel) over the history
+CHUNKS = ((0, 20), (20, 21), (21, 22), (22, 25), (25, 37))
+
+
+@pytest.fixture(scope="module", params=[torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def model(request):
+    # One layer: its keys and values come from the embeddings, so both backends cache the same
+    # inputs (deeper layers' inputs differ by the attentions' rounding, and a code flips wherever a
+    # coordinate moves across a decision boundary).
+    m = tiny_model(layers=1).to("cuda", request.param)
+    use_turboquant_attention(m)
+    return m
+
+
+def run(model, ids, backend, bits, sinks):
+    table = oblivious_table(fingerprint("llama", model.config), bits, bits)
+    table.sink_tokens = sinks
+    cache = TurboQuantCache(table, backend=backend)
+    outs = []
+    with torch.inference_mode():
+        for a, b in CHUNKS:
+            outs.append(model(input_ids=ids[:, a:b], past_key_values=cache, use_cache=True).logits)
+    return torch.cat(outs, dim=1).float(), cache
+
+
+@pytest.mark.parametrize("bits,sinks", [(3, 0), (3, 2), (4, 1), (2.5, 1)])
+def test_kernel_backend_matches_the_reference_backend(model, bits, sinks):
+    gen = torch.Generator().manual_seed(int(10 * bits) + sinks)
+    ids = torch.randint(4, 60, (2, 37), generator=gen).cuda()
+    got, kc = run(model, ids, "kernels", bits, sinks)
+    want, rc = run(model, ids, "reference", bits, sinks)
+    assert kc.layers[0].uses_kernels and not rc.layers[0].uses_kernels
+    assert torch.isfinite(got).all()
+    # the same cache contents (codes equal but on decision boundaries, gains within an fp16 ulp)
+    for x, y in zip(kc.layers[0].read_dense(), rc.layers[0].read_dense()):
+        assert ((x - y).float().norm() / y.float().norm()).item() < 2e-3
+    rel = ((got - want).norm() / want.norm()).item()
+    assert rel < 1e-2, f"logits differ by {rel:.3g} (relative)"
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean().item() > 0.95
+
+
+def test_generate_runs_on_the_kernels(model):
+    table = oblivious_table(fingerprint("llama", model.config), 3, 3)
+    table.sink_tokens = 1
+    cache = TurboQuantCache(table, backend="kernels")
+    ids = torch.randint(4, 60, (1, 40), generator=torch.Generator().manual_seed(3)).cuda()
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache,
+                             max_new_tokens=24, min_new_tokens=24, do_sample=False, pad_token_id=2)
+    assert out.shape[1] == 64
+    assert cache.get_seq_length() == 63
+    assert cache.stored_bytes() == table.cache_bytes(63)

@@ -1,0 +1,88 @@
+"""Attention that reads a TurboQuantLayer in place: the packed tokens through the kernel library
+(CUDA) or the Python reference (CPU), the exact sink tokens densely, merged by log-sum-exp.
+
+Query row j of a chunk of T new tokens sits at position `length - T + j` and sees every position up
+to its own (bottom-right causal). Rows at positions below the sink count see sinks only; every
+other row sees all sinks plus the packed tokens up to its own position, which the kernels'
+`kv_len - q_len + j` rule gives directly because packed position i is sequence position sinks + i.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..kernels import ops
+
+
+def is_bottom_right_causal(mask: torch.Tensor | None, q_len: int, kv_len: int) -> bool:
+    """Whether transformers' mask is the plain causal mask for T new tokens at the end (no padding):
+    None (sdpa's "is_causal" shortcut, taken only where it means the same) or a bool/additive
+    [B, 1, T, S] tensor equal to it."""
+    if mask is None:
+        return True
+    if mask.dim() != 4 or mask.shape[-2:] != (q_len, kv_len):
+        return False
+    allowed = mask if mask.dtype == torch.bool else mask == 0
+    rows = torch.arange(q_len, device=mask.device)[:, None] + (kv_len - q_len)
+    return bool(torch.equal(allowed, (torch.arange(kv_len, device=mask.device) <= rows)
+                            .expand_as(allowed)))
+
+
+def dense_part(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float,
+               first: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention of q [B, Hq, T, d] over k, v [B, Hkv, S, d] where row j sees keys
+    0 .. first + j, in float32: (normalized output [B, Hq, T, d], lse [B, Hq, T])."""
+    group = q.shape[1] // k.shape[1]
+    k = k.float().repeat_interleave(group, dim=1)
+    v = v.float().repeat_interleave(group, dim=1)
+    s = q.float() @ k.transpose(-1, -2) * scaling
+    t, n = q.shape[2], k.shape[2]
+    hidden = torch.arange(n, device=q.device) > first + torch.arange(t, device=q.device)[:, None]
+    s = s.masked_fill(hidden, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    # rows that see no key (lse = -inf) get weight 0 in the merge; keep their output finite
+    p = torch.exp(s - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])
+    return p @ v, lse
+
+
+def merge(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Combine normalized partial attentions over disjoint key sets by their log-sum-exps."""
+    lse = torch.stack([p[1] for p in parts])
+    weights = torch.softmax(lse, dim=0).nan_to_num(0.0)  # a row with no key anywhere gets 0
+    return sum(w[..., None] * o for w, (o, _) in zip(weights, parts))
+
+
+def _packed_kernels(layer, q: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernels over the layer's pages: q [B, Hq, T, d] -> (output, lse) as dense_part's."""
+    b, hq, t, _ = q.shape
+    rows = q.transpose(1, 2).contiguous()
+    lse = torch.empty(b, t, hq, dtype=torch.float32, device=q.device)
+    lens = torch.full((b,), layer.packed_length, dtype=torch.int32, device=q.device)
+    attend = ops.decode_attention if t <= ops.MAX_DECODE_Q_LEN else ops.prefill_attention
+    out = attend(layer.kernel_cache(), rows, lens, layer.packed_length, scaling, lse=lse)
+    return out.transpose(1, 2).float(), lse.transpose(1, 2)
+
+
+def _packed_reference(layer, q: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    k, v = layer.read_packed()
+    return dense_part(q, k, v, scaling, layer.packed_length - q.shape[2])
+
+
+def attend(layer, query: torch.Tensor, scaling: float) -> torch.Tensor:
+    """query [B, Hq, T, d] of the layer's last T tokens -> attention output [B, T, Hq, d]."""
+    t = query.shape[2]
+    sinks = layer.sink_count
+    early = min(t, max(0, sinks - (layer.length - t)))  # rows whose position is a sink's
+    sk, sv = layer.sinks
+    outs = []
+    if early:
+        o, _ = dense_part(query[:, :, :early], sk, sv, scaling, layer.length - t)
+        outs.append(o)
+    if early < t:
+        late = query[:, :, early:]
+        packed = _packed_kernels if layer.uses_kernels else _packed_reference
+        parts = [packed(layer, late, scaling)]
+        if sinks:
+            parts.append(dense_part(late, sk, sv, scaling, sinks))
+        outs.append(merge(parts))
+    return torch.cat(outs, dim=2).transpose(1, 2).to(query.dtype)
