@@ -13,7 +13,7 @@
 // constants (tile_shape); every other width runs the same code with them read at run time.
 // The key mean is not needed: q . mu is the same for every key of a query row and softmax is
 // invariant to a per-row shift; only the log-sum-exp adds it back (merge pass).
-// Pass 2 (merge_kernel): one warp per query row merges the splits, rotates the output back
+// Pass 2 (merge_kernel): one CTA per query row merges the splits, rotates the output back
 // (inverse Hadamard, signs, un-permutation, value scale), adds the value mean and, if asked, writes
 // the row's log-sum-exp.
 #include <algorithm>
@@ -34,6 +34,7 @@ constexpr int kTile = 16;    // tokens per warp iteration: one mma K step of P V
 constexpr int kRows = 16;    // query rows per CTA: one mma M tile
 constexpr int kStages = 4;   // cp.async stages per warp: tiles in flight while one is computed
 constexpr int kCtasPerSm = 4;  // the split kernel's occupancy (__launch_bounds__ and shared memory)
+constexpr int kMergeWarps = 4;  // warps per query row in the merge pass
 constexpr int kMinSplitTokens = 256;  // 64 measured 2x slower at 1x4096 (docs/BENCHMARKS.md)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -426,42 +427,70 @@ __global__ void __launch_bounds__(32 * kWarps, kCtasPerSm) attention_split_kerne
   }
 }
 
+// E consecutive floats from a 4*E-byte aligned address, in one vector load.
+template <int E>
+__device__ inline void load_floats(const float* p, float (&v)[E]) {
+  if constexpr (E == 4) {
+    const float4 x = *reinterpret_cast<const float4*>(p);
+    v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w;
+  } else {
+    const float2 x = *reinterpret_cast<const float2*>(p);
+    v[0] = x.x; v[1] = x.y;
+  }
+}
+
 template <int D, typename T>
-__global__ void __launch_bounds__(128) merge_kernel(AttnArgs a, int batch) {
+__global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(AttnArgs a, int batch) {
   constexpr int E = D / 32;
-  const int lane = threadIdx.x & 31;
-  const int64_t item = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;  // (b, kvh, row)
+  __shared__ float acc_s[kMergeWarps][D];
+  __shared__ float m_s[kMergeWarps], l_s[kMergeWarps];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int64_t item = blockIdx.x;  // (b, kvh, row): one CTA per query row
   const int heads = a.cache.num_kv_heads;
-  if (item >= int64_t(batch) * heads * a.rows) return;
   const int r = int(item % a.rows);
   const int kvh = int(item / a.rows % heads);
   const int b = int(item / a.rows / heads);
   const int64_t base = ((int64_t(b) * heads + kvh) * a.row_tiles * kRows + r) * a.num_splits;
   // Launched early (programmatic dependent launch): wait until the split pass's writes are visible.
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  // Lanes read the splits' (max, sum) in parallel; then every lane weighs every split's output
-  // for its E dims, with the split weights broadcast from the lane that computed them.
+  // The splits' running maxima, read by all threads at once.
   float m_all = -INFINITY;
-  for (int s = lane; s < a.num_splits; s += 32) m_all = fmaxf(m_all, a.ws_ml[base + s].x);
+  for (int s = threadIdx.x; s < a.num_splits; s += 32 * kMergeWarps)
+    m_all = fmaxf(m_all, a.ws_ml[base + s].x);
   for (int o = 16; o > 0; o >>= 1) m_all = fmaxf(m_all, __shfl_xor_sync(0xffffffffu, m_all, o));
-  float acc[E] = {}, l_all = 0.0f;
-  for (int s0 = 0; s0 < a.num_splits; s0 += 32) {
-    float w = 0.0f;
-    if (s0 + lane < a.num_splits) {
-      const float2 ml = a.ws_ml[base + s0 + lane];
-      w = ml.x == -INFINITY ? 0.0f : exp2f(ml.x - m_all);
-      l_all += w * ml.y;
-    }
-    const int count = min(32, a.num_splits - s0);
-#pragma unroll 8
-    for (int i = 0; i < count; ++i) {
-      const float wi = __shfl_sync(0xffffffffu, w, i);
-      const float* os = a.ws_o + (base + s0 + i) * D + lane * E;
+  if (lane == 0) m_s[warp] = m_all;
+  __syncthreads();
 #pragma unroll
-      for (int e = 0; e < E; ++e) acc[e] += wi * os[e];
-    }
+  for (int w = 0; w < kMergeWarps; ++w) m_all = fmaxf(m_all, m_s[w]);
+  // Warp w weighs splits w, w + kMergeWarps, ...: the loads of different splits are independent,
+  // so many are in flight at once (one warp walking every split was latency-bound: 30 us at 64
+  // splits). Each lane holds E consecutive rotated dims.
+  float acc[E] = {}, l_all = 0.0f;
+#pragma unroll 4
+  for (int s = warp; s < a.num_splits; s += kMergeWarps) {
+    const float2 ml = a.ws_ml[base + s];
+    const float w = ml.x == -INFINITY ? 0.0f : exp2f(ml.x - m_all);
+    l_all += w * ml.y;
+    float part[E];
+    load_floats<E>(a.ws_o + (base + s) * D + lane * E, part);
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] += w * part[e];
   }
-  for (int o = 16; o > 0; o >>= 1) l_all += __shfl_xor_sync(0xffffffffu, l_all, o);
+#pragma unroll
+  for (int e = 0; e < E; ++e) acc_s[warp][lane * E + e] = acc[e];
+  if (lane == 0) l_s[warp] = l_all;
+  __syncthreads();
+  if (warp != 0) return;
+  // Warp 0 sums the warps' partial states and finishes the row.
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    acc[e] = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kMergeWarps; ++w) acc[e] += acc_s[w][lane * E + e];
+  }
+  l_all = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kMergeWarps; ++w) l_all += l_s[w];
   const int j = r / a.group, hq = kvh * a.group + r % a.group;
   const int64_t row = (int64_t(b) * a.q_len + j) * a.num_q_heads + hq;
   if (a.lse) {
@@ -556,13 +585,13 @@ tq_status launch(AttnArgs& a, int batch, cudaStream_t stream) {
   TQ_TRY(check_launch("attention (split pass)"));
   // The merge pass as a programmatic dependent launch: its launch overlaps the split pass's tail
   // (it starts with griddepcontrol.wait), which matters where the whole call lasts microseconds.
-  const int64_t warps = int64_t(batch) * a.cache.num_kv_heads * a.rows;
+  const int64_t rows = int64_t(batch) * a.cache.num_kv_heads * a.rows;  // one CTA per query row
   cudaLaunchAttribute pdl{};
   pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   pdl.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned((warps + 3) / 4));
-  cfg.blockDim = dim3(128);
+  cfg.gridDim = dim3(unsigned(rows));
+  cfg.blockDim = dim3(32 * kMergeWarps);
   cfg.stream = stream;
   cfg.attrs = &pdl;
   cfg.numAttrs = 1;
