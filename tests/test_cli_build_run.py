@@ -1,6 +1,7 @@
 """tq-build, tq-run and tq-eval ppl/needle on a tiny checkpoint; bad input gives a clear error."""
 
 import json
+import shutil
 
 import pytest
 from click.testing import CliRunner
@@ -84,6 +85,13 @@ def test_ppl_and_needle_commands(engine, calib_file):
     needle = invoke(tq_eval, "needle", "--engine", engine, "--lengths", "64,128", "--json")
     assert needle.exit_code == 0, needle.output
     assert set(json.loads(needle.stdout)) >= {"fp16", "kv", "equal"}
+
+
+def test_engines_with_one_directory_name_are_refused(engine, tmp_path):
+    twin = tmp_path / "copy" / engine.name
+    shutil.copytree(engine, twin)
+    result = invoke(tq_eval, "ppl", "--engine", engine, "--engine", twin, "--max-tokens", "128")
+    assert_clean_error(result, "share a directory name")
 
 
 def test_too_long_prompt_is_refused(engine):

@@ -21,6 +21,10 @@ def _open_engines(paths):
 
     if not paths:
         raise TQError("give at least one --engine")
+    names = [Path(p).name for p in paths]
+    if len(set(names)) != len(names):  # results are keyed by name: one would hide another
+        raise TQError(f"engines {', '.join(paths)} share a directory name; compare engines whose "
+                      "directories have distinct names")
     first = open_engine(paths[0])
     out = [(Path(paths[0]).name, first.manifest, first.table)]
     fp = fingerprint(first.loaded.family.name, first.loaded.config)
