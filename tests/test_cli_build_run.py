@@ -87,10 +87,11 @@ def test_ppl_and_needle_commands(engine, calib_file):
     assert set(json.loads(needle.stdout)) >= {"fp16", "kv", "equal"}
 
 
-def test_engines_with_one_directory_name_are_refused(engine, tmp_path):
+def test_engines_with_one_directory_name_are_refused(engine, calib_file, tmp_path):
     twin = tmp_path / "copy" / engine.name
     shutil.copytree(engine, twin)
-    result = invoke(tq_eval, "ppl", "--engine", engine, "--engine", twin, "--max-tokens", "128")
+    result = invoke(tq_eval, "ppl", "--engine", engine, "--engine", twin, "--corpus", calib_file,
+                    "--window", "64", "--max-tokens", "256")
     assert_clean_error(result, "share a directory name")
 
 
