@@ -2,10 +2,7 @@
 # One call on the GPU machine: the GPU tests, then the benchmarks, logs under $OUT (or ./device_out).
 # Usage: build_scripts/device_check.sh [tests|bench|all] (the library must already be built).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT="${OUT:-device_out}"; mkdir -p "$OUT"
-export PYTHONPATH=.:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-export TQ_KERNELS_LIB="${TQ_KERNELS_LIB:-build/plugin_cpp/kernels/libtq_kernels.so}"
+source "$(dirname "$0")/device_env.sh"
 what="${1:-all}"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 if [[ "$what" == tests || "$what" == all ]]; then

@@ -2,10 +2,7 @@
 # On the GPU machine: compute-sanitizer memcheck over representative GPU tests, then an ncu profile
 # of the decode kernels at batch 1, context 131072 (logs under $OUT or ./device_out).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT="${OUT:-device_out}"; mkdir -p "$OUT"
-export PYTHONPATH=.:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-export TQ_KERNELS_LIB="${TQ_KERNELS_LIB:-build/plugin_cpp/kernels/libtq_kernels.so}"
+source "$(dirname "$0")/device_env.sh"
 what="${1:-all}"
 if [[ "$what" == memcheck || "$what" == all ]]; then
   timeout 300 compute-sanitizer --tool memcheck --target-processes all --print-limit 20 \

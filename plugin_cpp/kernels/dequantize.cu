@@ -8,8 +8,6 @@
 namespace tq {
 namespace {
 
-constexpr int kWarpsPerBlock = 4;
-
 struct DequantArgs {
   CacheView cache;
   void* dst[2];  // k_out, v_out (either may be null)
@@ -17,15 +15,13 @@ struct DequantArgs {
 };
 
 template <int D, typename T>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock) dequantize_kernel(DequantArgs a) {
+__global__ void __launch_bounds__(32 * kVectorWarps) dequantize_kernel(DequantArgs a) {
   constexpr int E = D / 32;
   const int lane = threadIdx.x & 31;
-  const int64_t item = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int heads = a.cache.num_kv_heads;
-  if (item >= int64_t(a.len) * heads * 2) return;
-  const int kv = int(item % 2);
-  const int head = int((item / 2) % heads);
-  const int t = int(item / (2 * heads));
+  VectorItem v;
+  if (!vector_item(a.len, heads, v)) return;
+  const int kv = v.kv, head = v.head, t = v.token;
   if (!a.dst[kv]) return;
   const int pos = a.start + t;
   const CodecLayout& l = a.cache.codec[kv];
@@ -77,12 +73,11 @@ extern "C" tq_status tq_dequantize(const tq_paged_cache* cache, int32_t seq, int
   a.seq = seq;
   a.start = start;
   a.len = len;
-  const int64_t warps = int64_t(len) * a.cache.num_kv_heads * 2;
-  const dim3 grid(unsigned((warps + kWarpsPerBlock - 1) / kWarpsPerBlock));
-  const dim3 block(32 * kWarpsPerBlock);
+  const dim3 grid = vector_grid(len, a.cache.num_kv_heads);
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   dispatch(a.cache.codec[0].head_dim, dtype, [&](auto dim, auto type) {
-    dequantize_kernel<decltype(dim)::value, typename decltype(type)::type><<<grid, block, 0, s>>>(a);
+    dequantize_kernel<decltype(dim)::value, typename decltype(type)::type>
+        <<<grid, 32 * kVectorWarps, 0, s>>>(a);
   });
   return check_launch("dequantize");
 }

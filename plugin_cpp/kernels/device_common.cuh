@@ -109,6 +109,29 @@ __device__ inline float group_sum(float v, int lanes_per_group) {
   return v;
 }
 
+// The per-vector kernels (quantize-append, dequantize) run one warp per (token, KV head, K or V)
+// vector, kVectorWarps warps per block, vector index (token * heads + head) * 2 + kv.
+constexpr int kVectorWarps = 4;
+
+struct VectorItem {
+  int token, head, kv;
+};
+
+// This warp's vector among tokens x heads x 2; false for a warp past the last one.
+__device__ inline bool vector_item(int tokens, int heads, VectorItem& v) {
+  const int64_t item = int64_t(blockIdx.x) * kVectorWarps + threadIdx.x / 32;
+  if (item >= int64_t(tokens) * heads * 2) return false;
+  v.kv = int(item % 2);
+  v.head = int((item / 2) % heads);
+  v.token = int(item / (2 * heads));
+  return true;
+}
+
+// Blocks covering every vector of `tokens` tokens (blocks of 32 * kVectorWarps threads).
+inline dim3 vector_grid(int tokens, int heads) {
+  return dim3(unsigned((int64_t(tokens) * heads * 2 + kVectorWarps - 1) / kVectorWarps));
+}
+
 template <typename T> struct TypeTag { using type = T; };
 
 // Calls f(std::integral_constant<int, D>{}, TypeTag<T>{}) for a validated runtime head_dim (64 or

@@ -8,8 +8,6 @@
 namespace tq {
 namespace {
 
-constexpr int kWarpsPerBlock = 4;
-
 struct AppendArgs {
   CacheView cache;
   const void* src[2];  // k, v
@@ -32,15 +30,12 @@ __device__ inline uint32_t gather_word(uint32_t bits, int lanes_per_word) {
 }
 
 template <int D, typename T>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock) quantize_append_kernel(AppendArgs a) {
+__global__ void __launch_bounds__(32 * kVectorWarps) quantize_append_kernel(AppendArgs a) {
   constexpr int E = D / 32;  // permuted coordinates per lane
   const int lane = threadIdx.x & 31;
-  const int64_t item = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  const int heads = a.cache.num_kv_heads;
-  if (item >= int64_t(a.num_tokens) * heads * 2) return;
-  const int kv = int(item % 2);
-  const int head = int((item / 2) % heads);
-  const int token = int(item / (2 * heads));
+  VectorItem v;
+  if (!vector_item(a.num_tokens, a.cache.num_kv_heads, v)) return;
+  const int kv = v.kv, head = v.head, token = v.token;
   const int seq = a.seq_idx[token], pos = a.pos[token];
   if (seq < 0 || seq >= a.batch || pos < 0) return;
   const CodecLayout& l = a.cache.codec[kv];
@@ -140,12 +135,11 @@ extern "C" tq_status tq_quantize_append(const tq_paged_cache* cache, const void*
   a.pos = pos;
   a.num_tokens = num_tokens;
   a.batch = batch;
-  const int64_t warps = int64_t(num_tokens) * a.cache.num_kv_heads * 2;
-  const dim3 grid(unsigned((warps + kWarpsPerBlock - 1) / kWarpsPerBlock));
-  const dim3 block(32 * kWarpsPerBlock);
+  const dim3 grid = vector_grid(num_tokens, a.cache.num_kv_heads);
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   dispatch(d, dtype, [&](auto dim, auto type) {
-    quantize_append_kernel<decltype(dim)::value, typename decltype(type)::type><<<grid, block, 0, s>>>(a);
+    quantize_append_kernel<decltype(dim)::value, typename decltype(type)::type>
+        <<<grid, 32 * kVectorWarps, 0, s>>>(a);
   });
   return check_launch("quantize_append");
 }
