@@ -4,11 +4,15 @@
 // Query rows are the q_len x group query vectors that share one KV head (row = token * group +
 // head in group), so every KV byte loaded serves the whole GQA group. The rows are rotated once
 // into the keys' domain (FORMAT.md "Attention never needs step 5"), softmax scale and log2(e)
-// folded in, and held as fp16 mma A fragments. Each warp streams 16-token tiles of the split
-// (cp.async into shared memory, kStages deep), decodes codes to fp16 centroids in registers with
-// byte-permute look-up tables (tile_decode.cuh), and computes S = Q K^T (tokens in N) and
-// O += P V on tensor cores with an online softmax in base 2. Norms multiply the scores (keys) and
-// the probabilities (values), so centroids are decoded unscaled. The 4 warps' states are combined and written as one partial state per split.
+// folded in, and held in registers as fp16 mma B fragments. Each warp streams 16-token tiles of
+// the split (cp.async into shared memory, kStages deep), decodes codes to fp16 centroids in
+// registers with byte-permute look-up tables (tile_decode.cuh), and computes the transposed
+// products S^T = K Q^T and O^T += V^T P^T on tensor cores with an online softmax in base 2: tokens
+// and value dims are the mma's M (16), query rows its N (8 per row tile), so a decode step of up to
+// 8 rows (GQA group x q_len) wastes no tensor-core rows, and the decoded codes, as A fragments,
+// serve every row tile. Norms multiply the scores (keys) and the probabilities (values), so
+// centroids are decoded unscaled. The 4 warps' states are combined and written as one partial
+// state per split.
 // Equal integer K/V widths 2, 3 and 4 get kernels whose tile offsets and widths are compile-time
 // constants (tile_shape); every other width runs the same code with them read at run time.
 // The key mean is not needed: q . mu is the same for every key of a query row and softmax is
@@ -30,10 +34,13 @@ namespace tq {
 namespace {
 
 constexpr int kWarps = 4;
-constexpr int kTile = 16;    // tokens per warp iteration: one mma K step of P V
-constexpr int kRows = 16;    // query rows per CTA: one mma M tile
+constexpr int kTile = 16;    // tokens per warp iteration: one mma M tile of K Q^T, one K step of V^T P^T
+constexpr int kRows = 16;    // query rows per row tile of the workspace (a CTA computes 8 or 16)
 constexpr int kStages = 4;   // cp.async stages per warp: tiles in flight while one is computed
-constexpr int kCtasPerSm = 4;  // the split kernel's occupancy (__launch_bounds__ and shared memory)
+// Query-row n tiles (8 rows each) of the split kernel: 1 when every row of the call fits in 8,
+// else 2. Twice the query fragments and accumulators leave room for fewer CTAs per SM.
+constexpr int row_ntiles(int rows) { return rows <= 8 ? 1 : 2; }
+constexpr int ctas_per_sm(int nr) { return nr == 1 ? 4 : 3; }
 constexpr int kMergeWarps = 4;  // warps per query row in the merge pass
 constexpr int kMinSplitTokens = 256;  // 64 measured 2x slower at 1x4096 (docs/BENCHMARKS.md)
 constexpr float kLog2e = 1.4426950408889634f;
@@ -54,15 +61,14 @@ struct AttnArgs {
 };
 
 struct SmemPlan {
-  int q_half, q_frag, tables, stages, stage_bytes, combine, total;
+  int q_half, tables, stages, stage_bytes, combine, total;
 };
 
 template <int D>
 __host__ __device__ inline SmemPlan smem_plan(const PageShape& kt, const PageShape& vt) {
   SmemPlan p{};
   p.q_half = 0;                                      // __half[16][D + 8]
-  p.q_frag = kRows * (D + 8) * 2;                    // uint4[D / 16][32]: query A fragments
-  p.tables = p.q_frag + D / 16 * 32 * 16;            // ByteTables[2][2]: K, V codebooks
+  p.tables = kRows * (D + 8) * 2;                    // ByteTables[2][2]: K, V codebooks
   p.stages = p.tables + 2 * TQ_MAX_GROUPS * int(sizeof(ByteTables));  // per warp: kStages x (K, V tile)
   p.stage_bytes = kt.page_bytes + vt.page_bytes;
   const int loop_bytes = p.stages + kWarps * kStages * p.stage_bytes;
@@ -122,8 +128,9 @@ __device__ inline PageShape tile_shape(const PageShape& runtime) {
 }
 
 // KG, VG: groups of the key and value codecs; KB, VB: their group-0 bits, or 0 for any width.
-template <int D, int KG, int VG, int KB, int VB, typename T>
-__global__ void __launch_bounds__(32 * kWarps, kCtasPerSm) attention_split_kernel(AttnArgs a) {
+// NR: query-row n tiles (8 rows each) of the transposed products.
+template <int D, int KG, int VG, int KB, int VB, int NR, typename T>
+__global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_kernel(AttnArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int g4 = lane >> 2, tig = lane & 3;
@@ -149,7 +156,7 @@ __global__ void __launch_bounds__(32 * kWarps, kCtasPerSm) attention_split_kerne
   {
     constexpr int E = D / 32;
     const int gdim = D / KG;
-    for (int rr = warp; rr < kRows; rr += kWarps) {
+    for (int rr = warp; rr < 8 * NR; rr += kWarps) {
       const int r = row0 + rr;
       float x[E];
       if (r < a.rows) {
@@ -184,43 +191,52 @@ __global__ void __launch_bounds__(32 * kWarps, kCtasPerSm) attention_split_kerne
   }
   __syncthreads();
 
-  // Query A fragments, stored once per CTA in fragment order (one 16-byte load per k step in the
-  // loop keeps them out of registers). For K group g and k step s, thread (g4, tig) holds the
-  // coordinates that its B-fragment partner decodes into k step s: run slots 4s .. 4s+3 of run
-  // tig (see decode_pairs).
+  // Query B fragments, held in registers for the whole loop. In k step st of group g, this
+  // thread's k columns (2tig, 2tig+1, 2tig+8, 2tig+9) are the coordinates that its A-fragment
+  // partners decode into run slots 4st .. 4st+3 of run tig (see decode_pairs); its n column is
+  // row g4 of each row tile.
   constexpr int KCNT = D / KG / 4;          // key coordinates per thread per token and group
   constexpr int KSTEPS = KCNT / 4;          // mma k steps per group
-  uint4* q_frag = reinterpret_cast<uint4*>(smem + plan.q_frag);  // [g * KSTEPS + s][lane]
-  for (int f = threadIdx.x; f < KG * KSTEPS * 32; f += 32 * kWarps) {
-    const int g = f / 32 / KSTEPS, st = f / 32 % KSTEPS, fl = f % 32;
-    int c[4];
+  uint32_t qb[KG * KSTEPS][NR][2];
 #pragma unroll
-    for (int k = 0; k < 4; ++k)
-      c[k] = g * (D / KG) + (fl & 3) * KCNT + run_slot_coord(kt.group[g].bits, KCNT, 4 * st + k);
-    const __half* r0 = q_s + (fl >> 2) * (D + 8);
-    const __half* r1 = q_s + ((fl >> 2) + 8) * (D + 8);
-    q_frag[f] = make_uint4(pack_half2(r0[c[0]], r0[c[1]]), pack_half2(r1[c[0]], r1[c[1]]),
-                           pack_half2(r0[c[2]], r0[c[3]]), pack_half2(r1[c[2]], r1[c[3]]));
-  }
-  __syncthreads();
+  for (int g = 0; g < KG; ++g)
+#pragma unroll
+    for (int st = 0; st < KSTEPS; ++st) {
+      int c[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        c[k] = g * (D / KG) + tig * KCNT + run_slot_coord(kt.group[g].bits, KCNT, 4 * st + k);
+#pragma unroll
+      for (int nr = 0; nr < NR; ++nr) {
+        const __half* q = q_s + (8 * nr + g4) * (D + 8);
+        qb[g * KSTEPS + st][nr][0] = pack_half2(q[c[0]], q[c[1]]);
+        qb[g * KSTEPS + st][nr][1] = pack_half2(q[c[2]], q[c[3]]);
+      }
+    }
 
-  // Causal limit of this thread's two rows (g4 and g4 + 8). Padding rows are never written out,
-  // so they need no limit. Tokens before full_end are inside the split and visible to every row:
+  // Causal limit of this thread's rows 8nr + 2tig + j. Padding rows are never written out, so
+  // they need no limit. Tokens before full_end are inside the split and visible to every row:
   // tiles that end there skip the mask.
-  int limit[2];
+  int limit[NR][2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = row0 + g4 + 8 * h;
-    limit[h] = r < a.rows ? L - a.q_len + r / a.group : INT_MAX;
-  }
+  for (int nr = 0; nr < NR; ++nr)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int r = row0 + 8 * nr + 2 * tig + j;
+      limit[nr][j] = r < a.rows ? L - a.q_len + r / a.group : INT_MAX;
+    }
   const int full_end = min(split_end, L - a.q_len + row0 / a.group + 1);
 
-  constexpr int VCNT = D / VG / 8;  // value coordinates per thread per token and group = n tiles
-  constexpr int NT = D / 8;         // output n tiles
-  float o[NT][4];
+  constexpr int VCNT = D / VG / 8;  // value coordinates per thread per token and group
+  constexpr int MT = D / 16;        // output m tiles: VCNT / 2 per group
+  float o[MT][NR][4];
 #pragma unroll
-  for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nr = 0; nr < NR; ++nr) o[mt][nr][0] = o[mt][nr][1] = o[mt][nr][2] = o[mt][nr][3] = 0.0f;
+  float m_run[NR][2], l_run[NR][2];
+#pragma unroll
+  for (int nr = 0; nr < NR; ++nr) m_run[nr][0] = m_run[nr][1] = -INFINITY, l_run[nr][0] = l_run[nr][1] = 0.0f;
 
   uint8_t* stage0 = smem + plan.stages + warp * kStages * plan.stage_bytes;
   const int tiles = split_end > split_begin ? (split_end - split_begin + kTile - 1) / kTile : 0;
@@ -266,99 +282,106 @@ __global__ void __launch_bounds__(32 * kWarps, kCtasPerSm) attention_split_kerne
     const uint8_t* kt_s = stage0 + (it % kStages) * plan.stage_bytes;
     const uint8_t* vt_s = kt_s + kt.page_bytes;
 
-    // S = Q K^T: n tile t holds tokens 8t .. 8t+7; this thread decodes token 8t + g4. Even and
-    // odd k steps accumulate separately: four independent mma chains per group.
-    float s[2][4] = {};
+    // S^T = K Q^T: element e of row tile nr is (token g4 + 8 (e / 2), row 8nr + 2tig + e % 2).
+    // This thread decodes tokens g4 and g4 + 8 (its A rows). Even and odd k steps accumulate
+    // separately: independent mma chains.
+    float s[NR][4] = {};
 #pragma unroll
     for (int g = 0; g < KG; ++g) {
-      float sg[2][2][4] = {};
+      float sg[NR][2][4] = {};
       with_bits(kt.group[g].bits, [&](auto bits) {
         constexpr int BITS = decltype(bits)::value;
         const ByteTables table = tables[g];
+        uint32_t ka[2][KCNT / 2];
 #pragma unroll
-        for (int t = 0; t < 2; ++t) {  // one token's decoded run live at a time
+        for (int t = 0; t < 2; ++t) {
           CodeRun<BITS, KCNT> run;
-          run.load(kt_s, kt.group[g], 8 * t + g4, tig);
-          uint32_t kb[KCNT / 2];
-          decode_pairs(run, table, kb);
+          run.load(kt_s, kt.group[g], g4 + 8 * t, tig);
+          decode_pairs(run, table, ka[t]);
+        }
 #pragma unroll
-          for (int st = 0; st < KSTEPS; ++st) {
-            const uint4 f = q_frag[(g * KSTEPS + st) * 32 + lane];
-            const uint32_t qa[4] = {f.x, f.y, f.z, f.w};
-            mma_16816(sg[t][st & 1], qa, kb[2 * st], kb[2 * st + 1]);
-          }
+        for (int st = 0; st < KSTEPS; ++st) {
+          const uint32_t af[4] = {ka[0][2 * st], ka[1][2 * st], ka[0][2 * st + 1], ka[1][2 * st + 1]};
+#pragma unroll
+          for (int nr = 0; nr < NR; ++nr)
+            mma_16816(sg[nr][st & 1], af, qb[g * KSTEPS + st][nr][0], qb[g * KSTEPS + st][nr][1]);
         }
       });
+      const float n0 = tile_norm(kt_s, kt, g, g4), n1 = tile_norm(kt_s, kt, g, g4 + 8);
 #pragma unroll
-      for (int t = 0; t < 2; ++t) {
-        const float n0 = tile_norm(kt_s, kt, g, 8 * t + 2 * tig);
-        const float n1 = tile_norm(kt_s, kt, g, 8 * t + 2 * tig + 1);
-        s[t][0] += (sg[t][0][0] + sg[t][1][0]) * n0;
-        s[t][1] += (sg[t][0][1] + sg[t][1][1]) * n1;
-        s[t][2] += (sg[t][0][2] + sg[t][1][2]) * n0;
-        s[t][3] += (sg[t][0][3] + sg[t][1][3]) * n1;
+      for (int nr = 0; nr < NR; ++nr) {
+        s[nr][0] += (sg[nr][0][0] + sg[nr][1][0]) * n0;
+        s[nr][1] += (sg[nr][0][1] + sg[nr][1][1]) * n0;
+        s[nr][2] += (sg[nr][0][2] + sg[nr][1][2]) * n1;
+        s[nr][3] += (sg[nr][0][3] + sg[nr][1][3]) * n1;
       }
     }
     // Mask (beyond the split or the staged tokens, or after the row's own position) where a token
-    // can be masked, then the online softmax.
+    // can be masked, then the online softmax; a row's 16 scores lie across the 8 lanes of its tig.
     if (!full) {
 #pragma unroll
-      for (int t = 0; t < 2; ++t)
+      for (int nr = 0; nr < NR; ++nr)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int tok = 8 * t + 2 * tig + (e & 1);
-          if (tok >= valid || pos0 + tok > limit[e >> 1]) s[t][e] = -INFINITY;
+          const int tok = g4 + 8 * (e >> 1);
+          if (tok >= valid || pos0 + tok > limit[nr][e & 1]) s[nr][e] = -INFINITY;
         }
     }
-    float tile_max[2] = {-INFINITY, -INFINITY};
+    float m_use[NR][2], alpha[NR][2];
+    bool moved = false;
 #pragma unroll
-    for (int t = 0; t < 2; ++t)
+    for (int nr = 0; nr < NR; ++nr)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[t][e]);
-    float m_use[2], alpha[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
-      const float m_new = fmaxf(m_run[h], tile_max[h]);
-      m_use[h] = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[h] = fast_exp2(m_run[h] - m_use[h]);
-      m_run[h] = m_new;
-      l_run[h] *= alpha[h];
-    }
-    // Once the running maxima settle they rarely move: skip the rescale when no row's did.
-    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        o[n][0] *= alpha[0]; o[n][1] *= alpha[0];
-        o[n][2] *= alpha[1]; o[n][3] *= alpha[1];
+      for (int j = 0; j < 2; ++j) {
+        float mx = fmaxf(s[nr][j], s[nr][j + 2]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        const float m_new = fmaxf(m_run[nr][j], mx);
+        m_use[nr][j] = m_new == -INFINITY ? 0.0f : m_new;
+        alpha[nr][j] = fast_exp2(m_run[nr][j] - m_use[nr][j]);
+        moved |= alpha[nr][j] != 1.0f;
+        m_run[nr][j] = m_new;
+        l_run[nr][j] *= alpha[nr][j];
       }
-    }
-    float p[2][4];
+    // Once the running maxima settle they rarely move: skip the rescale when no row's did.
+    if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
-    for (int t = 0; t < 2; ++t)
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nr = 0; nr < NR; ++nr)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[mt][nr][e] *= alpha[nr][e & 1];
+    }
+    float p[NR][4];
+#pragma unroll
+    for (int nr = 0; nr < NR; ++nr)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        p[t][e] = fast_exp2(s[t][e] - m_use[e >> 1]);
-        l_run[e >> 1] += p[t][e];
+        p[nr][e] = fast_exp2(s[nr][e] - m_use[nr][e & 1]);
+        l_run[nr][e & 1] += p[nr][e];
       }
 
-    // O += P V: this thread decodes tokens 2tig, 2tig+1, 2tig+8, 2tig+9 (the B fragment's k rows),
-    // value coordinates g4 * VCNT .. + VCNT of each group (one per n tile).
+    // O^T += V^T P^T. The probabilities times their tokens' value norms, fp16, are two 8x8 blocks
+    // (tokens x rows) per row tile: transposed, they are the B fragment (rows x tokens). This
+    // thread decodes tokens 2tig, 2tig+1, 2tig+8, 2tig+9 (its A columns), run g4 of each group;
+    // m tile i of the group takes run slots 2i (A row g4) and 2i + 1 (A row g4 + 8).
 #pragma unroll
     for (int g = 0; g < VG; ++g) {
-      const int toks[4] = {2 * tig, 2 * tig + 1, 2 * tig + 8, 2 * tig + 9};
-      float nv[4];
+      float nv[2];
 #pragma unroll
-      for (int i = 0; i < 4; ++i)  // unstaged slots may hold anything, even NaN: zero their norms
-        nv[i] = full || toks[i] < valid ? tile_norm(vt_s, vt, g, toks[i]) : 0.0f;
-      const uint32_t pa[4] = {pack_float2(p[0][0] * nv[0], p[0][1] * nv[1]),
-                              pack_float2(p[0][2] * nv[0], p[0][3] * nv[1]),
-                              pack_float2(p[1][0] * nv[2], p[1][1] * nv[3]),
-                              pack_float2(p[1][2] * nv[2], p[1][3] * nv[3])};
+      for (int t = 0; t < 2; ++t)  // unstaged slots may hold anything, even NaN: zero their norms
+        nv[t] = full || g4 + 8 * t < valid ? tile_norm(vt_s, vt, g, g4 + 8 * t) : 0.0f;
+      uint32_t pb[NR][2];
+#pragma unroll
+      for (int nr = 0; nr < NR; ++nr) {
+        pb[nr][0] = transpose_8x8(pack_float2(p[nr][0] * nv[0], p[nr][1] * nv[0]));
+        pb[nr][1] = transpose_8x8(pack_float2(p[nr][2] * nv[1], p[nr][3] * nv[1]));
+      }
       with_bits(vt.group[g].bits, [&](auto bits) {
         constexpr int BITS = decltype(bits)::value;
         const ByteTables table = tables[2 + g];
+        const int toks[4] = {2 * tig, 2 * tig + 1, 2 * tig + 8, 2 * tig + 9};
         uint32_t vb[4][VCNT / 2];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -366,12 +389,16 @@ __global__ void __launch_bounds__(32 * kWarps, kCtasPerSm) attention_split_kerne
           run.load(vt_s, vt.group[g], toks[i], g4);
           decode_pairs(run, table, vb[i]);
         }
-        // n tile k takes run slot k of the 4 tokens: pair the tokens' fp16 values by prmt
+        // pair the tokens' fp16 values by prmt: low halves are slot 2i, high halves slot 2i + 1
 #pragma unroll
-        for (int k = 0; k < VCNT; ++k) {
-          const uint32_t sel = k % 2 ? 0x7632u : 0x5410u;
-          mma_16816(o[g * VCNT + k], pa, byte_perm(vb[0][k / 2], vb[1][k / 2], sel),
-                    byte_perm(vb[2][k / 2], vb[3][k / 2], sel));
+        for (int i = 0; i < VCNT / 2; ++i) {
+          const uint32_t af[4] = {byte_perm(vb[0][i], vb[1][i], 0x5410u),
+                                  byte_perm(vb[0][i], vb[1][i], 0x7632u),
+                                  byte_perm(vb[2][i], vb[3][i], 0x5410u),
+                                  byte_perm(vb[2][i], vb[3][i], 0x7632u)};
+#pragma unroll
+          for (int nr = 0; nr < NR; ++nr)
+            mma_16816(o[g * (VCNT / 2) + i][nr], af, pb[nr][0], pb[nr][1]);
         }
       });
     }
@@ -383,31 +410,37 @@ __global__ void __launch_bounds__(32 * kWarps, kCtasPerSm) attention_split_kerne
 
   // --- Epilogue: combine the 4 warps' states, write this split's partial state. ---
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
-    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
-  }
+  for (int nr = 0; nr < NR; ++nr)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      l_run[nr][j] += __shfl_xor_sync(0xffffffffu, l_run[nr][j], 4);
+      l_run[nr][j] += __shfl_xor_sync(0xffffffffu, l_run[nr][j], 8);
+      l_run[nr][j] += __shfl_xor_sync(0xffffffffu, l_run[nr][j], 16);
+    }
   __syncthreads();  // the loop's shared memory becomes the combine buffer
   float* o_s = reinterpret_cast<float*>(smem + plan.combine);   // [warp][row][D] rotated dims
   float2* ml_s = reinterpret_cast<float2*>(o_s + kWarps * kRows * D);
 #pragma unroll
-  for (int n = 0; n < NT; ++n) {
-    const int g = n / VCNT, jn = n % VCNT;
+  for (int mt = 0; mt < MT; ++mt) {
+    const int g = mt / (VCNT / 2), i = mt % (VCNT / 2);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int row = g4 + 8 * (e >> 1);
-      const int dim = g * (D / VG) + (2 * tig + (e & 1)) * VCNT +
-                      run_slot_coord(vt.group[g].bits, VCNT, jn);
-      o_s[(warp * kRows + row) * D + dim] = o[n][e];
+      const int dim = g * (D / VG) + g4 * VCNT + run_slot_coord(vt.group[g].bits, VCNT, 2 * i + (e >> 1));
+#pragma unroll
+      for (int nr = 0; nr < NR; ++nr)
+        o_s[(warp * kRows + 8 * nr + 2 * tig + (e & 1)) * D + dim] = o[mt][nr][e];
     }
   }
-  if (tig == 0) {
-    ml_s[warp * kRows + g4] = make_float2(m_run[0], l_run[0]);
-    ml_s[warp * kRows + g4 + 8] = make_float2(m_run[1], l_run[1]);
+  if (g4 == 0) {
+#pragma unroll
+    for (int nr = 0; nr < NR; ++nr)
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+        ml_s[warp * kRows + 8 * nr + 2 * tig + j] = make_float2(m_run[nr][j], l_run[nr][j]);
   }
   __syncthreads();
   const int64_t row_base = (int64_t(b) * heads + kvh) * a.row_tiles * kRows + row0;
-  for (int i = threadIdx.x; i < kRows * D; i += 32 * kWarps) {
+  for (int i = threadIdx.x; i < 8 * NR * D; i += 32 * kWarps) {
     const int row = i / D, dim = i % D;
     if (row0 + row >= a.rows) continue;
     float m_all = -INFINITY;
@@ -525,8 +558,8 @@ struct SplitPlan {
   int row_tiles, num_splits, split_tokens;
 };
 
-// Splits per (sequence, KV head, row tile): as many CTAs as fill whole waves of kCtasPerSm CTAs per
-// SM (batch 1 at long context fills the GPU), each split at least kMinSplitTokens long.
+// Splits per (sequence, KV head, row tile): as many CTAs as fill whole waves of the split kernel's
+// CTAs per SM (batch 1 at long context fills the GPU), each split at least kMinSplitTokens long.
 SplitPlan plan_splits(int batch, int q_len, int group, int num_kv_heads, int max_kv_len) {
   static int sms = 0;
   if (!sms) {
@@ -537,7 +570,7 @@ SplitPlan plan_splits(int batch, int q_len, int group, int num_kv_heads, int max
   SplitPlan p{};
   p.row_tiles = (q_len * group + kRows - 1) / kRows;
   const int64_t ctas = int64_t(batch) * num_kv_heads * p.row_tiles;
-  const int64_t slots = int64_t(sms) * kCtasPerSm;
+  const int64_t slots = int64_t(sms) * ctas_per_sm(row_ntiles(q_len * group));
   const int len = std::max(1, max_kv_len);
   const int max_splits = std::max(1, len / kMinSplitTokens);
   int best = 1;
@@ -560,24 +593,25 @@ size_t workspace_bytes(const SplitPlan& p, int batch, int num_kv_heads, int head
 }
 
 // The split kernel for these codecs: specialized for the common equal K/V integer widths.
-template <int D, typename T>
+template <int D, int NR, typename T>
 void (*split_kernel_for(const CacheView& c))(AttnArgs) {
   const int kg = c.codec[0].num_groups, vg = c.codec[1].num_groups;
   const int kb = c.codec[0].group[0].bits, vb = c.codec[1].group[0].bits;
   if (kg == 1 && vg == 1 && kb == vb) {
-    if (kb == 3) return attention_split_kernel<D, 1, 1, 3, 3, T>;
-    if (kb == 4) return attention_split_kernel<D, 1, 1, 4, 4, T>;
-    if (kb == 2) return attention_split_kernel<D, 1, 1, 2, 2, T>;
+    if (kb == 3) return attention_split_kernel<D, 1, 1, 3, 3, NR, T>;
+    if (kb == 4) return attention_split_kernel<D, 1, 1, 4, 4, NR, T>;
+    if (kb == 2) return attention_split_kernel<D, 1, 1, 2, 2, NR, T>;
   }
-  if (kg == 1) return vg == 1 ? attention_split_kernel<D, 1, 1, 0, 0, T> : attention_split_kernel<D, 1, 2, 0, 0, T>;
-  return vg == 1 ? attention_split_kernel<D, 2, 1, 0, 0, T> : attention_split_kernel<D, 2, 2, 0, 0, T>;
+  if (kg == 1) return vg == 1 ? attention_split_kernel<D, 1, 1, 0, 0, NR, T> : attention_split_kernel<D, 1, 2, 0, 0, NR, T>;
+  return vg == 1 ? attention_split_kernel<D, 2, 1, 0, 0, NR, T> : attention_split_kernel<D, 2, 2, 0, 0, NR, T>;
 }
 
 template <int D, typename T>
 tq_status launch(AttnArgs& a, int batch, cudaStream_t stream) {
   const SmemPlan plan = smem_plan<D>(a.tile[0], a.tile[1]);
   const dim3 grid(a.num_splits, a.cache.num_kv_heads, batch * a.row_tiles);
-  auto kernel = split_kernel_for<D, T>(a.cache);
+  auto kernel = row_ntiles(a.rows) == 1 ? split_kernel_for<D, 1, T>(a.cache)
+                                         : split_kernel_for<D, 2, T>(a.cache);
   if (plan.total > 48 * 1024 &&
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.total) != cudaSuccess)
     return fail(TQ_ERR_CUDA, "attention: cannot raise the shared memory limit to %d bytes", plan.total);

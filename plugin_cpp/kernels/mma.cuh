@@ -1,6 +1,6 @@
-// mma.cuh: the warp-level tensor-core product (mma.sync m16n8k16, fp16 in, fp32 accumulate) and
-// cp.async, as the attention kernels use them. Fragment layouts: PTX ISA, "Matrix Fragments for
-// mma.m16n8k16": lane = 4 * groupID + tig; A a0 (row groupID, cols 2tig..+1), a1 (row +8),
+// mma.cuh: the warp-level tensor-core product (mma.sync m16n8k16, fp16 in, fp32 accumulate), the
+// 8x8 fragment transpose and cp.async, as the attention kernels use them. Fragment layouts: PTX
+// ISA, "Matrix Fragments for mma.m16n8k16": lane = 4 * groupID + tig; A a0 (row groupID, cols 2tig..+1), a1 (row +8),
 // a2 (cols +8), a3 (both); B b0 (k 2tig..+1, n groupID), b1 (k +8); C c0,c1 (row groupID,
 // cols 2tig..+1), c2,c3 (row +8).
 #pragma once
@@ -17,6 +17,14 @@ __device__ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The transpose of an 8x8 fp16 matrix held like an mma fragment (lane l: row l / 4, columns
+// 2 (l % 4) and 2 (l % 4) + 1 as one fp16 pair): a C fragment's rows become a B fragment's columns.
+__device__ inline uint32_t transpose_8x8(uint32_t x) {
+  uint32_t y;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
 }
 
 __device__ inline uint32_t pack_half2(__half lo, __half hi) {
