@@ -24,18 +24,13 @@
 #include <climits>
 #include <cmath>
 
-#include "cache.h"
-#include "device_common.cuh"
+#include "attention_common.cuh"
 #include "errors.h"
-#include "mma.cuh"
-#include "tile_decode.cuh"
 
 namespace tq {
 namespace {
 
 constexpr int kWarps = 4;
-constexpr int kTile = 16;    // tokens per warp iteration: one mma M tile of K Q^T, one K step of V^T P^T
-constexpr int kRows = 16;    // query rows per row tile of the workspace (a CTA computes 8 or 16)
 constexpr int kStages = 4;   // cp.async stages per warp: tiles in flight while one is computed
 // Query-row n tiles (8 rows each) of the split kernel: 1 when every row of the call fits in 8,
 // else 2. Twice the query fragments and accumulators leave room for fewer CTAs per SM.
@@ -43,22 +38,7 @@ constexpr int row_ntiles(int rows) { return rows <= 8 ? 1 : 2; }
 constexpr int ctas_per_sm(int nr) { return nr == 1 ? 4 : 3; }
 constexpr int kMergeWarps = 4;  // warps per query row in the merge pass
 constexpr int kMinSplitTokens = 256;  // 64 measured 2x slower at 1x4096 (docs/BENCHMARKS.md)
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-
-struct AttnArgs {
-  CacheView cache;
-  CodecLayout tile[2];  // K and V laid out for a 16-token staging tile
-  const void* q;
-  void* out;
-  float* lse;           // [batch][q_len][num_q_heads] natural-log log-sum-exp, or null
-  const int32_t* kv_lens;
-  int max_kv_len, q_len, group, num_q_heads, rows, row_tiles;
-  int num_splits, split_tokens;
-  float q_scale;        // softmax_scale * log2(e)
-  float* ws_o;          // [batch][Hkv][row_tiles * 16][splits][D]: unnormalized partial outputs
-  float2* ws_ml;        // [batch][Hkv][row_tiles * 16][splits]: (running max, sum) in base 2
-};
 
 struct SmemPlan {
   int q_half, tables, stages, stage_bytes, combine, total;
@@ -76,46 +56,6 @@ __host__ __device__ inline SmemPlan smem_plan(const PageShape& kt, const PageSha
   const int combine_bytes = kWarps * kRows * D * 4 + kWarps * kRows * 8;
   p.total = loop_bytes > combine_bytes ? loop_bytes : combine_bytes;
   return p;
-}
-
-// Issues the 16-byte copies of `chunks` consecutive chunks, lane-strided. With a compile-time count
-// (specialized kernels) the loop unrolls into a fixed set of predicated copies.
-__device__ inline void copy_chunks(uint8_t* dst, const uint8_t* src, int chunks, int lane) {
-#pragma unroll
-  for (int i = 0; i < chunks; i += 32)
-    if (i + lane < chunks) cp_async_16(dst + 16 * (i + lane), src + 16 * (i + lane));
-}
-
-// Copies tokens [slot0, slot0 + 16) of a page into a 16-token tile with the same codec layout.
-// Every plane and the norms are [tokens][row] arrays, so an offset in a page of T tokens is the
-// tile's offset times page_tiles = T / 16 and the row sizes are equal: only the tile shape `tl`
-// (a compile-time constant in the specialized kernels) is needed, no page shape.
-__device__ inline void stage_page_tile(uint8_t* tile, const uint8_t* page, const PageShape& tl,
-                                       int page_tiles, int slot0) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int g = 0; g < tl.num_groups; ++g) {
-    const GroupLayout& tg = tl.group[g];
-    copy_chunks(tile + tg.lo_off, page + tg.lo_off * page_tiles + slot0 * tg.lo_row_bytes,
-                kTile * tg.lo_row_bytes / 16, lane);
-    if (tg.hi_row_bytes)
-      copy_chunks(tile + tg.hi_off, page + tg.hi_off * page_tiles + slot0 * tg.hi_row_bytes,
-                  kTile * tg.hi_row_bytes / 16, lane);
-    const int norms = tl.norm_off + g * kTile * 2;  // 16 fp16 norms = 2 chunks
-    copy_chunks(tile + norms, page + norms * page_tiles + slot0 * 2, 2, lane);
-  }
-}
-
-// 2^x by one MUFU.EX2 (ex2.approx.ftz): exp2f adds a denormal-range fix-up that softmax weights
-// never need (x <= 0; results below 2^-126 flush to 0, exp2(-inf) = 0).
-__device__ inline float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ inline float tile_norm(const uint8_t* tile, const PageShape& tl, int g, int token) {
-  return __half2float(reinterpret_cast<const __half*>(tile + tl.norm_off)[g * kTile + token]);
 }
 
 // The 16-token tile shape of a codec: computed at compile time when the kernel is specialized for
@@ -137,7 +77,6 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
   const int split = blockIdx.x, kvh = blockIdx.y;
   const int b = blockIdx.z / a.row_tiles, rt = blockIdx.z % a.row_tiles;
   const int heads = a.cache.num_kv_heads;
-  const CodecLayout& kl = a.cache.codec[0];
   const PageShape kt = tile_shape<D, KG, KB>(a.tile[0]);
   const PageShape vt = tile_shape<D, VG, VB>(a.tile[1]);
   const SmemPlan plan = smem_plan<D>(kt, vt);
@@ -152,43 +91,15 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
   const int split_begin = split * a.split_tokens;
   const int split_end = min(min(L, visible_end), split_begin + a.split_tokens);
 
-  // --- Prologue: rotate the query rows into the keys' domain, fp16 into shared memory. ---
-  {
+  // --- Prologue: the rotated query rows, fp16 into shared memory; the codebook tables. ---
+  for (int rr = warp; rr < 8 * NR; rr += kWarps) {
     constexpr int E = D / 32;
-    const int gdim = D / KG;
-    for (int rr = warp; rr < 8 * NR; rr += kWarps) {
-      const int r = row0 + rr;
-      float x[E];
-      if (r < a.rows) {
-        const int j = r / a.group, hq = kvh * a.group + r % a.group;
-        const T* qv = static_cast<const T*>(a.q) + ((int64_t(b) * a.q_len + j) * a.num_q_heads + hq) * D;
+    float x[E];
+    rotated_query_row<D, T>(a, b, kvh, row0 + rr, x);
 #pragma unroll
-        for (int e = 0; e < E; ++e) {
-          const int pj = lane * E + e;
-          const int ch = channel_of(kl, kvh, pj);
-          x[e] = to_float(qv[ch]) * scale_of(kl, kvh, ch) * rotation_sign(kl.seed, pj);
-        }
-      } else {
-#pragma unroll
-        for (int e = 0; e < E; ++e) x[e] = 0.0f;
-      }
-      warp_fwht<E>(x, gdim);
-#pragma unroll
-      for (int e = 0; e < E; ++e) q_s[rr * (D + 8) + lane * E + e] = __float2half_rn(x[e] * a.q_scale);
-    }
-    if (threadIdx.x < 2 * TQ_MAX_GROUPS * 8) {  // one table word per thread
-      const int kv = threadIdx.x / 16, g = (threadIdx.x / 8) % 2, w = threadIdx.x % 8;
-      const CodecLayout& cl = a.cache.codec[kv];
-      uint32_t word = 0;
-      for (int k = 4 * (w % 4); k < 4 * (w % 4) + 4; ++k) {
-        const bool used = g < cl.num_groups && k < (1 << cl.group[g].bits);
-        const uint32_t bits = __half_as_ushort(__float2half_rn(used ? cl.codebook[g][k] : 0.0f));
-        word |= ((w < 4 ? bits : bits >> 8) & 0xffu) << (8 * (k % 4));
-      }
-      uint32_t* words = reinterpret_cast<uint32_t*>(tables + kv * 2 + g);
-      words[w] = word;  // lo[0..3] then hi[0..3]
-    }
+    for (int e = 0; e < E; ++e) q_s[rr * (D + 8) + lane * E + e] = __float2half_rn(x[e]);
   }
+  fill_byte_tables(tables, a.cache);
   __syncthreads();
 
   // Query B fragments, held in registers for the whole loop. In k step st of group g, this
@@ -555,10 +466,13 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(AttnArgs a, int
 }
 
 struct SplitPlan {
-  int row_tiles, num_splits, split_tokens;
+  bool prefill;   // the prefill pass (more than kPrefillMinRows rows per KV head), else the split pass
+  int cta_tiles;  // CTA row tiles per (sequence, KV head): kPrefillRows or kRows rows each
+  int row_tiles;  // 16-row tiles of the workspace per (sequence, KV head)
+  int num_splits, split_tokens;
 };
 
-// Splits per (sequence, KV head, row tile): as many CTAs as fill whole waves of the split kernel's
+// Splits per (sequence, KV head, CTA row tile): as many CTAs as fill whole waves of the pass's
 // CTAs per SM (batch 1 at long context fills the GPU), each split at least kMinSplitTokens long.
 SplitPlan plan_splits(int batch, int q_len, int group, int num_kv_heads, int max_kv_len) {
   static int sms = 0;
@@ -568,9 +482,12 @@ SplitPlan plan_splits(int batch, int q_len, int group, int num_kv_heads, int max
     if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) sms = 132;
   }
   SplitPlan p{};
-  p.row_tiles = (q_len * group + kRows - 1) / kRows;
-  const int64_t ctas = int64_t(batch) * num_kv_heads * p.row_tiles;
-  const int64_t slots = int64_t(sms) * ctas_per_sm(row_ntiles(q_len * group));
+  const int rows = q_len * group;
+  p.prefill = rows > kPrefillMinRows;
+  p.row_tiles = (rows + kRows - 1) / kRows;
+  p.cta_tiles = p.prefill ? (rows + kPrefillRows - 1) / kPrefillRows : p.row_tiles;
+  const int64_t ctas = int64_t(batch) * num_kv_heads * p.cta_tiles;
+  const int64_t slots = int64_t(sms) * (p.prefill ? 1 : ctas_per_sm(row_ntiles(rows)));
   const int len = std::max(1, max_kv_len);
   const int max_splits = std::max(1, len / kMinSplitTokens);
   int best = 1;
@@ -582,6 +499,7 @@ SplitPlan plan_splits(int batch, int q_len, int group, int num_kv_heads, int max
     if (n >= 4 * slots) break;
   }
   const int per = (len + best - 1) / best;
+  // a multiple of both passes' steps: 4 warps x 16 tokens, and 64 tokens
   p.split_tokens = (per + kWarps * kTile - 1) / (kWarps * kTile) * (kWarps * kTile);
   p.num_splits = (len + p.split_tokens - 1) / p.split_tokens;
   return p;
@@ -607,16 +525,21 @@ void (*split_kernel_for(const CacheView& c))(AttnArgs) {
 }
 
 template <int D, typename T>
-tq_status launch(AttnArgs& a, int batch, cudaStream_t stream) {
+tq_status launch_split_pass(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
   const SmemPlan plan = smem_plan<D>(a.tile[0], a.tile[1]);
-  const dim3 grid(a.num_splits, a.cache.num_kv_heads, batch * a.row_tiles);
   auto kernel = row_ntiles(a.rows) == 1 ? split_kernel_for<D, 1, T>(a.cache)
                                          : split_kernel_for<D, 2, T>(a.cache);
   if (plan.total > 48 * 1024 &&
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.total) != cudaSuccess)
     return fail(TQ_ERR_CUDA, "attention: cannot raise the shared memory limit to %d bytes", plan.total);
   kernel<<<grid, 32 * kWarps, plan.total, stream>>>(a);
-  TQ_TRY(check_launch("attention (split pass)"));
+  return check_launch("attention (split pass)");
+}
+
+template <int D, typename T>
+tq_status launch(const AttnArgs& a, const SplitPlan& sp, int batch, cudaStream_t stream) {
+  const dim3 grid(a.num_splits, a.cache.num_kv_heads, batch * sp.cta_tiles);
+  TQ_TRY((sp.prefill ? launch_prefill_pass<D, T> : launch_split_pass<D, T>)(a, grid, stream));
   // The merge pass as a programmatic dependent launch: its launch overlaps the split pass's tail
   // (it starts with griddepcontrol.wait), which matters where the whole call lasts microseconds.
   const int64_t rows = int64_t(batch) * a.cache.num_kv_heads * a.rows;  // one CTA per query row
@@ -662,9 +585,10 @@ tq_status attention(const char* name, int max_q_len, const tq_paged_cache* cache
     return fail(TQ_ERR_INVALID_ARGUMENT, "%s: softmax_scale must be positive and finite", name);
   const int d = a.cache.codec[0].head_dim;
   const SplitPlan sp = plan_splits(batch, q_len, num_q_heads / heads, heads, max_kv_len);
-  if (int64_t(batch) * sp.row_tiles > 65535)
-    return fail(TQ_ERR_BAD_LENGTH, "%s: batch %d x %d tiles of 16 query rows exceeds the grid "
-                "limit (65535); split the batch or the chunk", name, batch, sp.row_tiles);
+  if (int64_t(batch) * sp.cta_tiles > 65535)
+    return fail(TQ_ERR_BAD_LENGTH, "%s: batch %d x %d tiles of %d query rows exceeds the grid "
+                "limit (65535); split the batch or the chunk", name, batch, sp.cta_tiles,
+                sp.prefill ? kPrefillRows : kRows);
   const size_t need = workspace_bytes(sp, batch, heads, d);
   if (!workspace || ws_bytes < need)
     return fail(TQ_ERR_WORKSPACE, "%s: the workspace needs %zu bytes, got %zu%s", name, need,
@@ -691,7 +615,7 @@ tq_status attention(const char* name, int max_q_len, const tq_paged_cache* cache
   a.ws_ml = reinterpret_cast<float2*>(a.ws_o + slots * d);
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   return dispatch(d, dtype, [&](auto dim, auto type) {
-    return launch<decltype(dim)::value, typename decltype(type)::type>(a, batch, s);
+    return launch<decltype(dim)::value, typename decltype(type)::type>(a, sp, batch, s);
   });
 }
 

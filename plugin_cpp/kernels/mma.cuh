@@ -1,8 +1,8 @@
 // mma.cuh: the warp-level tensor-core product (mma.sync m16n8k16, fp16 in, fp32 accumulate), the
-// 8x8 fragment transpose and cp.async, as the attention kernels use them. Fragment layouts: PTX
-// ISA, "Matrix Fragments for mma.m16n8k16": lane = 4 * groupID + tig; A a0 (row groupID, cols 2tig..+1), a1 (row +8),
-// a2 (cols +8), a3 (both); B b0 (k 2tig..+1, n groupID), b1 (k +8); C c0,c1 (row groupID,
-// cols 2tig..+1), c2,c3 (row +8).
+// 8x8 fragment transpose, ldmatrix and cp.async, as the attention kernels use them. Fragment
+// layouts: PTX ISA, "Matrix Fragments for mma.m16n8k16": lane = 4 * groupID + tig; A a0 (row
+// groupID, cols 2tig..+1), a1 (row +8), a2 (cols +8), a3 (both); B b0 (k 2tig..+1, n groupID),
+// b1 (k +8); C c0,c1 (row groupID, cols 2tig..+1), c2,c3 (row +8).
 #pragma once
 
 #include <cuda_fp16.h>
@@ -25,6 +25,19 @@ __device__ inline uint32_t transpose_8x8(uint32_t x) {
   uint32_t y;
   asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
   return y;
+}
+
+// Four 8x8 fp16 matrices from shared memory as mma fragments: lanes 8i .. 8i+7 give the 16-byte
+// rows of matrix i, r[i] receives it (transposed with .trans: lane l then holds column l / 4).
+__device__ inline void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+__device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
 }
 
 __device__ inline uint32_t pack_half2(__half lo, __half hi) {

@@ -92,15 +92,32 @@ def test_decode_attention_longest_context(q_len, gen):
     check_against_reference(cache, table, q, out, [n], 128**-0.5)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_prefill_attention_chunk_over_history(dtype, gen):
-    """A chunk of 100 new tokens (keys appended first) attends causally to 300 + 100 positions."""
-    lengths = [400, 130]
-    cache, table, kc = make_cache(128, 3, 3, 2, 32, lengths, gen, tables=True)
-    fill(kc, lengths, 2, 128, gen)
-    q = torch.randn(2, 100, 8, 128, generator=gen).to(dtype).cuda()
+PREFILL_CASES = [
+    # head_dim, q heads, kv heads, k width, v width, chunk, dtype, tables; chunk x group > 64 rows
+    # per KV head runs the prefill pass (128-row CTAs), fewer the split pass
+    (128, 8, 2, 3, 3, 100, torch.float16, True),
+    (128, 8, 2, 3, 3, 100, torch.bfloat16, True),
+    (128, 4, 4, 4, 2, 70, torch.float16, False),     # group 1
+    (128, 8, 2, 2.5, 3.5, 33, torch.bfloat16, True),  # 132 rows: a second, nearly empty row tile
+    (128, 8, 2, 1, 1.5, 50, torch.float16, False),
+    (128, 8, 2, 3, 3, 12, torch.float16, True),      # 48 rows: the split pass
+    (64, 9, 3, 3, 3, 64, torch.float16, False),      # SmolLM2's attention shape
+    (64, 9, 3, 3.5, 2.5, 40, torch.bfloat16, True),
+    (64, 16, 2, 2, 2, 17, torch.float16, True),
+]
+
+
+@pytest.mark.parametrize("case", PREFILL_CASES, ids=case_id)
+def test_prefill_attention_chunk_over_history(case, gen):
+    """A chunk of new tokens (keys appended first) attends causally to its history and itself:
+    ragged histories, none at all, and one long enough to be split."""
+    d, hq, hkv, kw, vw, chunk, dtype, tables = case
+    lengths = [chunk + 300, chunk + 29, chunk, chunk + 3001]
+    cache, table, kc = make_cache(d, kw, vw, hkv, 32, lengths, gen, tables)
+    fill(kc, lengths, hkv, d, gen)
+    q = torch.randn(len(lengths), chunk, hq, d, generator=gen).to(dtype).cuda()
     out = prefill_attention(kc, q, torch.tensor(lengths), max(lengths))
-    check_against_reference(cache, table, q, out, lengths, 128**-0.5)
+    check_against_reference(cache, table, q, out, lengths, d**-0.5)
 
 
 def reference_lse(cache, table, q, lengths, scale):

@@ -1,0 +1,127 @@
+// attention_common.cuh: what the two attention passes over the packed cache share (attention.cu:
+// the split pass for decode and short chunks, the merge pass and the C ABI; prefill_attention.cu:
+// the pass for long chunks): the call's arguments and workspace layout, staging of 16-token page
+// tiles, the query rotation and the codebook look-up tables.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cache.h"
+#include "device_common.cuh"
+#include "mma.cuh"
+#include "tile_decode.cuh"
+
+namespace tq {
+
+constexpr int kTile = 16;  // tokens per staged page tile
+constexpr int kRows = 16;  // query rows per row tile of the workspace
+constexpr float kLog2e = 1.4426950408889634f;
+// Query rows per KV head above which tq_prefill_attention runs the prefill pass (128-row CTAs that
+// decode each tile once into shared memory) instead of the split pass (16-row CTAs).
+constexpr int kPrefillMinRows = 64;
+constexpr int kPrefillRows = 128;  // query rows per CTA of the prefill pass
+
+// Query rows are the q_len x group query vectors that share one KV head: row = token * group +
+// head in group.
+struct AttnArgs {
+  CacheView cache;
+  CodecLayout tile[2];  // K and V laid out for a 16-token staging tile
+  const void* q;
+  void* out;
+  float* lse;           // [batch][q_len][num_q_heads] natural-log log-sum-exp, or null
+  const int32_t* kv_lens;
+  int max_kv_len, q_len, group, num_q_heads, rows, row_tiles;
+  int num_splits, split_tokens;
+  float q_scale;        // softmax_scale * log2(e)
+  float* ws_o;          // [batch][Hkv][row_tiles * 16][splits][D]: unnormalized partial outputs
+  float2* ws_ml;        // [batch][Hkv][row_tiles * 16][splits]: (running max, sum) in base 2
+};
+
+
+// Issues the 16-byte copies of `chunks` consecutive chunks, lane-strided. With a compile-time count
+// (specialized kernels) the loop unrolls into a fixed set of predicated copies.
+__device__ inline void copy_chunks(uint8_t* dst, const uint8_t* src, int chunks, int lane) {
+#pragma unroll
+  for (int i = 0; i < chunks; i += 32)
+    if (i + lane < chunks) cp_async_16(dst + 16 * (i + lane), src + 16 * (i + lane));
+}
+
+// Copies tokens [slot0, slot0 + 16) of a page into a 16-token tile with the same codec layout.
+// Every plane and the norms are [tokens][row] arrays, so an offset in a page of T tokens is the
+// tile's offset times page_tiles = T / 16 and the row sizes are equal: only the tile shape `tl`
+// (a compile-time constant in the specialized kernels) is needed, no page shape.
+__device__ inline void stage_page_tile(uint8_t* tile, const uint8_t* page, const PageShape& tl,
+                                       int page_tiles, int slot0) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int g = 0; g < tl.num_groups; ++g) {
+    const GroupLayout& tg = tl.group[g];
+    copy_chunks(tile + tg.lo_off, page + tg.lo_off * page_tiles + slot0 * tg.lo_row_bytes,
+                kTile * tg.lo_row_bytes / 16, lane);
+    if (tg.hi_row_bytes)
+      copy_chunks(tile + tg.hi_off, page + tg.hi_off * page_tiles + slot0 * tg.hi_row_bytes,
+                  kTile * tg.hi_row_bytes / 16, lane);
+    const int norms = tl.norm_off + g * kTile * 2;  // 16 fp16 norms = 2 chunks
+    copy_chunks(tile + norms, page + norms * page_tiles + slot0 * 2, 2, lane);
+  }
+}
+
+// 2^x by one MUFU.EX2 (ex2.approx.ftz): exp2f adds a denormal-range fix-up that softmax weights
+// never need (x <= 0; results below 2^-126 flush to 0, exp2(-inf) = 0).
+__device__ inline float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Query row r rotated into the keys' domain (FORMAT.md "Attention never needs step 5"): key scale,
+// permutation, signs and each group's Hadamard transform, times q_scale; the warp holds the row,
+// lane L the permuted coordinates L*E .. L*E+E-1. Zeros for a padding row (r >= rows).
+template <int D, typename T>
+__device__ inline void rotated_query_row(const AttnArgs& a, int b, int kvh, int r, float (&x)[D / 32]) {
+  constexpr int E = D / 32;
+  const int lane = threadIdx.x & 31;
+  const CodecLayout& kl = a.cache.codec[0];
+  if (r < a.rows) {
+    const int j = r / a.group, hq = kvh * a.group + r % a.group;
+    const T* qv = static_cast<const T*>(a.q) + ((int64_t(b) * a.q_len + j) * a.num_q_heads + hq) * D;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int pj = lane * E + e;
+      const int ch = channel_of(kl, kvh, pj);
+      x[e] = to_float(qv[ch]) * scale_of(kl, kvh, ch) * rotation_sign(kl.seed, pj);
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < E; ++e) x[e] = 0.0f;
+  }
+  warp_fwht<E>(x, D / kl.num_groups);
+#pragma unroll
+  for (int e = 0; e < E; ++e) x[e] *= a.q_scale;
+}
+
+// The K and V codebooks as byte-permute tables (tile_decode.cuh), tables[kv * 2 + group]; written
+// by the CTA's first 32 threads, one word each.
+__device__ inline void fill_byte_tables(ByteTables* tables, const CacheView& cache) {
+  if (threadIdx.x >= 2 * TQ_MAX_GROUPS * 8) return;
+  const int kv = threadIdx.x / 16, g = (threadIdx.x / 8) % 2, w = threadIdx.x % 8;
+  const CodecLayout& cl = cache.codec[kv];
+  uint32_t word = 0;
+  for (int k = 4 * (w % 4); k < 4 * (w % 4) + 4; ++k) {
+    const bool used = g < cl.num_groups && k < (1 << cl.group[g].bits);
+    const uint32_t bits = __half_as_ushort(__float2half_rn(used ? cl.codebook[g][k] : 0.0f));
+    word |= ((w < 4 ? bits : bits >> 8) & 0xffu) << (8 * (k % 4));
+  }
+  reinterpret_cast<uint32_t*>(tables + kv * 2 + g)[w] = word;  // lo[0..3] then hi[0..3]
+}
+
+__device__ inline float tile_norm(const uint8_t* tile, const PageShape& tl, int g, int token) {
+  return __half2float(reinterpret_cast<const __half*>(tile + tl.norm_off)[g * kTile + token]);
+}
+
+// The prefill pass (prefill_attention.cu) writes one partial state per split of every query row,
+// like the split pass; the merge pass finishes both. grid: (splits, KV heads, batch x CTA row tiles).
+template <int D, typename T>
+tq_status launch_prefill_pass(const AttnArgs& a, dim3 grid, cudaStream_t stream);
+
+}  // namespace tq
