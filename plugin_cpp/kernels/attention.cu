@@ -487,7 +487,7 @@ SplitPlan plan_splits(int batch, int q_len, int group, int num_kv_heads, int max
   p.row_tiles = (rows + kRows - 1) / kRows;
   p.cta_tiles = p.prefill ? (rows + kPrefillRows - 1) / kPrefillRows : p.row_tiles;
   const int64_t ctas = int64_t(batch) * num_kv_heads * p.cta_tiles;
-  const int64_t slots = int64_t(sms) * (p.prefill ? 1 : ctas_per_sm(row_ntiles(rows)));
+  const int64_t slots = int64_t(sms) * (p.prefill ? kPrefillCtasPerSm : ctas_per_sm(row_ntiles(rows)));
   const int len = std::max(1, max_kv_len);
   const int max_splits = std::max(1, len / kMinSplitTokens);
   int best = 1;

@@ -16,10 +16,12 @@ namespace tq {
 constexpr int kTile = 16;  // tokens per staged page tile
 constexpr int kRows = 16;  // query rows per row tile of the workspace
 constexpr float kLog2e = 1.4426950408889634f;
-// Query rows per KV head above which tq_prefill_attention runs the prefill pass (128-row CTAs that
+// Query rows per KV head above which tq_prefill_attention runs the prefill pass (256-row CTAs that
 // decode each tile once into shared memory) instead of the split pass (16-row CTAs).
 constexpr int kPrefillMinRows = 64;
-constexpr int kPrefillRows = 128;  // query rows per CTA of the prefill pass
+constexpr int kPrefillWarps = 8;
+constexpr int kPrefillRows = 256;  // query rows per CTA of the prefill pass, 32 per warp
+constexpr int kPrefillCtasPerSm = 1;
 
 // Query rows are the q_len x group query vectors that share one KV head: row = token * group +
 // head in group.

@@ -114,6 +114,14 @@ __host__ __device__ inline int run_slot_coord(int bits, int cnt, int k) {
   return k - r + (r < c / 2 ? 2 * r : 2 * (r - c / 2) + 1);
 }
 
+// The slot that run coordinate x comes out in: the inverse of run_slot_coord.
+__host__ __device__ inline int run_coord_slot(int bits, int cnt, int x) {
+  if (bits != 2 && bits != 3) return x;
+  const int c = cnt < 16 ? cnt : 16;
+  const int r = x % c;
+  return x - r + (r % 2 ? c / 2 + r / 2 : r / 2);
+}
+
 // The run's CNT centroids as CNT / 2 fp16 pairs, in run_slot_coord order.
 template <int BITS, int CNT>
 __host__ __device__ inline void decode_pairs(const CodeRun<BITS, CNT>& run, const ByteTables& t,

@@ -61,6 +61,7 @@ int check(unsigned seed) {
           code |= ((word >> (coord % 32)) & 1) << 2;
         }
         if (got != centroid[code] || int(run.code(i)) != code) ++bad;
+        if (tq::run_coord_slot(BITS, CNT, i) != k) ++bad;  // the inverse map
       }
     }
   if (bad) std::printf("FAIL bits %d run %d: %d wrong centroids\n", BITS, CNT, bad);
