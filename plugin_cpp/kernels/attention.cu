@@ -91,7 +91,21 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
   const int split_begin = split * a.split_tokens;
   const int split_end = min(min(L, visible_end), split_begin + a.split_tokens);
 
-  // --- Prologue: the rotated query rows, fp16 into shared memory; the codebook tables. ---
+  // --- Prologue: the fused append (tq_decode_attention_append): the new tokens that fall in this
+  // split, encoded before any warp copies a tile (the barrier below orders the writes first);
+  // every row tile's CTA of the split writes the same bytes. ---
+  if (a.new_kv[0]) {
+    for (int item = warp; item < 2 * a.q_len; item += kWarps) {
+      const int j = item / 2, kind = item % 2, pos = L - a.q_len + j;
+      if (pos < 0 || pos < split_begin || pos >= split_begin + a.split_tokens) continue;
+      uint8_t* page = page_of(a.cache, b, kind, pos / a.cache.tokens, kvh);
+      if (!page) continue;
+      const T* x = static_cast<const T*>(a.new_kv[kind]) + (int64_t(b) * a.q_len + j) * a.new_stride +
+                   int64_t(kvh) * D;
+      encode_vector<D, T>(a.cache.codec[kind], kvh, x, page, pos % a.cache.tokens);
+    }
+  }
+  // --- The rotated query rows, fp16 into shared memory; the codebook tables. ---
   for (int rr = warp; rr < 8 * NR; rr += kWarps) {
     constexpr int E = D / 32;
     float x[E];
@@ -559,12 +573,27 @@ tq_status launch(const AttnArgs& a, const SplitPlan& sp, int batch, cudaStream_t
                                    cudaGetErrorString(err));
 }
 
-tq_status attention(const char* name, int max_q_len, const tq_paged_cache* cache, const void* q,
+// new_k, new_v, new_stride: the fused append's inputs, or null.
+tq_status attention(const char* name, int max_q_len, const tq_paged_cache* cache,
+                    const void* new_k, const void* new_v, int64_t new_stride, const void* q,
                     void* out, float* lse, tq_dtype dtype, const int32_t* kv_lens,
                     int32_t max_kv_len, int32_t batch, int32_t q_len, int32_t num_q_heads,
                     float softmax_scale, void* workspace, size_t ws_bytes, tq_stream stream) {
   AttnArgs a{};
   TQ_TRY(make_cache_view(cache, &a.cache));
+  if (new_k || new_v) {
+    if (!new_k || !new_v)
+      return fail(TQ_ERR_NULL_POINTER, "%s: k_new and v_new must not be NULL", name);
+    if (reinterpret_cast<uintptr_t>(new_k) % 4 || reinterpret_cast<uintptr_t>(new_v) % 4)
+      return fail(TQ_ERR_MISALIGNED, "%s: k_new and v_new must be 4-byte aligned", name);
+    if (new_stride < int64_t(a.cache.num_kv_heads) * a.cache.codec[0].head_dim)
+      return fail(TQ_ERR_INVALID_ARGUMENT, "%s: new_stride %lld is smaller than num_kv_heads x "
+                  "head_dim = %d", name, (long long)new_stride,
+                  a.cache.num_kv_heads * a.cache.codec[0].head_dim);
+  }
+  a.new_kv[0] = new_k;
+  a.new_kv[1] = new_v;
+  a.new_stride = new_stride;
   if (!q || !out || !kv_lens)
     return fail(TQ_ERR_NULL_POINTER, "%s: q, out and kv_lens must not be NULL", name);
   if (reinterpret_cast<uintptr_t>(lse) % alignof(float))
@@ -637,9 +666,24 @@ extern "C" tq_status tq_decode_attention(const tq_paged_cache* cache, const void
                                          int32_t max_kv_len, int32_t batch, int32_t q_len,
                                          int32_t num_q_heads, float softmax_scale, void* workspace,
                                          size_t workspace_bytes, tq_stream stream) {
-  return tq::attention("decode_attention", TQ_MAX_DECODE_Q_LEN, cache, q, out, lse, dtype, kv_lens,
-                       max_kv_len, batch, q_len, num_q_heads, softmax_scale, workspace,
-                       workspace_bytes, stream);
+  return tq::attention("decode_attention", TQ_MAX_DECODE_Q_LEN, cache, nullptr, nullptr, 0, q, out,
+                       lse, dtype, kv_lens, max_kv_len, batch, q_len, num_q_heads, softmax_scale,
+                       workspace, workspace_bytes, stream);
+}
+
+extern "C" tq_status tq_decode_attention_append(const tq_paged_cache* cache, const void* k_new,
+                                                const void* v_new, int64_t new_stride,
+                                                const void* q, void* out, float* lse,
+                                                tq_dtype dtype, const int32_t* kv_lens,
+                                                int32_t max_kv_len, int32_t batch, int32_t q_len,
+                                                int32_t num_q_heads, float softmax_scale,
+                                                void* workspace, size_t workspace_bytes,
+                                                tq_stream stream) {
+  if (!k_new || !v_new)
+    return tq::fail(TQ_ERR_NULL_POINTER, "decode_attention_append: k_new and v_new must not be NULL");
+  return tq::attention("decode_attention_append", TQ_MAX_DECODE_Q_LEN, cache, k_new, v_new,
+                       new_stride, q, out, lse, dtype, kv_lens, max_kv_len, batch, q_len,
+                       num_q_heads, softmax_scale, workspace, workspace_bytes, stream);
 }
 
 extern "C" tq_status tq_prefill_attention(const tq_paged_cache* cache, const void* q, void* out,
@@ -648,7 +692,7 @@ extern "C" tq_status tq_prefill_attention(const tq_paged_cache* cache, const voi
                                           int32_t num_q_heads, float softmax_scale,
                                           void* workspace, size_t workspace_bytes,
                                           tq_stream stream) {
-  return tq::attention("prefill_attention", 1 << 20, cache, q, out, lse, dtype, kv_lens, max_kv_len,
-                       batch, q_len, num_q_heads, softmax_scale, workspace, workspace_bytes,
-                       stream);
+  return tq::attention("prefill_attention", 1 << 20, cache, nullptr, nullptr, 0, q, out, lse, dtype,
+                       kv_lens, max_kv_len, batch, q_len, num_q_heads, softmax_scale, workspace,
+                       workspace_bytes, stream);
 }

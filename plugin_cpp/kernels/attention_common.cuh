@@ -8,6 +8,7 @@
 
 #include "cache.h"
 #include "device_common.cuh"
+#include "encode_vector.cuh"
 #include "mma.cuh"
 #include "tile_decode.cuh"
 
@@ -35,6 +36,8 @@ struct AttnArgs {
   int max_kv_len, q_len, group, num_q_heads, rows, row_tiles;
   int num_splits, split_tokens;
   float q_scale;        // softmax_scale * log2(e)
+  const void* new_kv[2];  // the fused append's new keys and values (tq_decode_attention_append), or null
+  int64_t new_stride;     // their token stride, elements
   float* ws_o;          // [batch][Hkv][row_tiles * 16][splits][D]: unnormalized partial outputs
   float2* ws_ml;        // [batch][Hkv][row_tiles * 16][splits]: (running max, sum) in base 2
 };

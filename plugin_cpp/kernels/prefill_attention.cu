@@ -1,7 +1,7 @@
 // prefill_attention.cu: the attention pass of tq_prefill_attention for long chunks (more than
 // kPrefillMinRows query rows per KV head). The split pass decodes every tile once per 16 query
 // rows, so a 2,048-token chunk decoded the whole history 512 times; here a CTA of 8 warps serves
-// kPrefillRows = 256 rows (32 per warp, two mma m tiles) and decodes each 64-token tile once, into
+// kPrefillRows = 256 rows (32 per warp, two mma m tiles) and decodes each 128-token step once, into
 // shared memory as fp16 centroids (the byte-permute tables of tile_decode.cuh) with the tokens'
 // gains beside them in fp32, after which it is flash attention on tensor cores: query, K and V
 // fragments come from shared memory by ldmatrix (each K and V fragment feeds both m tiles), with
@@ -9,9 +9,9 @@
 // scores (keys) and the probabilities (values) per group, so the only fp16 roundings are the
 // centroids' and the scaled probabilities' (gains folded into fp16 centroids would round once
 // more: measured 2.3e-3 error against the 2e-3 bound). Measured on the H200 (docs/BENCHMARKS.md),
-// 128-row CTAs (16 rows per warp) were 1.2x slower, 64-row CTAs (2 or 3 per SM) 1.4-1.7x slower.
-// Tiles are staged (cp.async) one step ahead: warp w copies and then decodes 16-token tile w % 4 of
-// the keys (w < 4) or the values (w >= 4).
+// 128-row CTAs (16 rows per warp) were 1.2x slower, 64-row CTAs (2 or 3 per SM) 1.4-1.7x slower,
+// 64-token steps 1.05x slower. Tiles are staged (cp.async) one step ahead: warp w copies and then
+// decodes 16-token tiles w of the keys and of the values.
 //
 // Decoded coordinates are stored in run order: a run is 32 consecutive group coordinates that
 // decode_pairs emits in run_slot_coord order, so stored position p holds coordinate
@@ -25,14 +25,14 @@
 namespace tq {
 namespace {
 
-constexpr int kPfTokens = 64;                // tokens per step: 4 staged tiles
+constexpr int kPfTokens = 128;               // tokens per step: 8 staged tiles of K, 8 of V
 constexpr int kPfTiles = kPfTokens / kTile;  // staged tiles per step, of K and of V
 constexpr int kSub = 32;                     // tokens per softmax sub-step
 constexpr int kMTiles = 2;                   // mma m tiles (16 query rows) per warp
 constexpr int kWarpRows = 16 * kMTiles;
 constexpr int kRun = 32;                     // codes per decode run
 constexpr int kPad = 8;                      // fp16 row padding: ldmatrix rows on distinct banks
-static_assert(kWarpRows * kPrefillWarps == kPrefillRows && 2 * kPfTiles == kPrefillWarps);
+static_assert(kWarpRows * kPrefillWarps == kPrefillRows && 2 * kPfTiles % kPrefillWarps == 0);
 
 struct PrefillSmem {
   int q, kv, gains, tables, flags, stage, stage_bytes, total;

@@ -108,9 +108,13 @@ int32_t run(PluginConfig const& c, DeviceTables& tables, nvinfer1::PluginTensorD
   cache.num_chunks = kPrimaryPoolOffsetLimit;
   cache.key = tables.keyCodec();
   cache.value = tables.valueCodec();
+  // Context tokens come first in the batch: they are appended here; generation tokens are appended
+  // by the decode attention call itself (tq_decode_attention_append: one launch fewer per step).
   int64_t const kvStride = 2 * int64_t(c.numKvHeads) * c.headDim;
-  if (!kernelOk(tq_quantize_append(&cache, kv, kv + c.numKvHeads * c.headDim * elem, kvStride, dtype, seqIdx, pos,
-                                   numTokens, batch, s),
+  int32_t const contextTokens = plan.numGeneration > 0 ? plan.requests[plan.numContext].tokenBegin : numTokens;
+  if (contextTokens > 0 &&
+      !kernelOk(tq_quantize_append(&cache, kv, kv + c.numKvHeads * c.headDim * elem, kvStride, dtype, seqIdx, pos,
+                                   contextTokens, batch, s),
                 "quantize-append", error))
     return 1;
 
@@ -132,9 +136,11 @@ int32_t run(PluginConfig const& c, DeviceTables& tables, nvinfer1::PluginTensorD
     int32_t const first = plan.numContext;
     int32_t const token = plan.requests[first].tokenBegin;
     cache.block_table = pool.blockTable + first * tableRow;
-    if (!kernelOk(tq_decode_attention(&cache, q + token * rowBytes, out + token * rowBytes, /*lse=*/nullptr, dtype,
-                                      kvLens + first, plan.maxGenerationKvLen, plan.numGeneration, 1, c.numQHeads,
-                                      softmaxScale, attnWs, ws.attentionBytes, s),
+    char const* kNew = kv + token * kvStride * elem;
+    if (!kernelOk(tq_decode_attention_append(&cache, kNew, kNew + c.numKvHeads * c.headDim * elem, kvStride,
+                                             q + token * rowBytes, out + token * rowBytes, /*lse=*/nullptr, dtype,
+                                             kvLens + first, plan.maxGenerationKvLen, plan.numGeneration, 1,
+                                             c.numQHeads, softmaxScale, attnWs, ws.attentionBytes, s),
                   "decode attention", error))
       return 1;
   }

@@ -23,6 +23,12 @@ tq_status tq_decode_attention(const tq_paged_cache*, const void*, void*, float*,
   return TQ_ERR_CUDA;
 }
 
+tq_status tq_decode_attention_append(const tq_paged_cache*, const void*, const void*, int64_t, const void*, void*,
+                                     float*, tq_dtype, const int32_t*, int32_t, int32_t, int32_t, int32_t, float, void*,
+                                     size_t, tq_stream) {
+  return TQ_ERR_CUDA;
+}
+
 tq_status tq_prefill_attention(const tq_paged_cache*, const void*, void*, float*, tq_dtype, const int32_t*, int32_t,
                                int32_t, int32_t, int32_t, float, void*, size_t, tq_stream) {
   return TQ_ERR_CUDA;

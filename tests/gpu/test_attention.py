@@ -7,7 +7,7 @@ from tq_trtllm.core.attention import reference_attention
 from tq_trtllm.core.errors import TQError
 from tq_trtllm.kernels import decode_attention, prefill_attention, quantize_append
 
-from .cases import make_cache, positions
+from .cases import make_cache, positions, twin
 
 TOL = 2e-3
 
@@ -119,6 +119,33 @@ def test_prefill_attention_chunk_over_history(case, gen):
     q = torch.randn(len(lengths), chunk, hq, d, generator=gen).to(dtype).cuda()
     out = prefill_attention(kc, q, torch.tensor(lengths), max(lengths))
     check_against_reference(cache, table, q, out, lengths, d**-0.5)
+
+
+@pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[4], CASES[6], CASES[9]], ids=case_id)
+def test_fused_append_writes_the_same_bytes_and_attends_the_same(case, gen):
+    """decode_attention(append=(k, v)) leaves the pools byte for byte as quantize_append then
+    decode_attention do, and returns the same output, for new tokens in any split."""
+    d, hq, hkv, kw, vw, q_len, dtype, tables = case
+    lengths = [q_len, 31 + q_len, 3 * 32 + 5, 777, 2048 + 3, 9000]
+    cache, table, kc = make_cache(d, kw, vw, hkv, 32, lengths, gen, tables)
+    history = [n - q_len for n in lengths]
+    seq, pos = positions(history)
+    x = torch.randn(2, seq.numel(), hkv, d, generator=gen).to(dtype).cuda()
+    quantize_append(kc, x[0], x[1], seq, pos)
+    other, kc_fused = twin(cache, table, gen)
+    for mine, theirs in zip(other.pools, cache.pools):
+        mine.copy_(theirs)
+    new = torch.randn(2, len(lengths), q_len, hkv, d, generator=gen).to(dtype).cuda()
+    q = torch.randn(len(lengths), q_len, hq, d, generator=gen).to(dtype).cuda()
+    lens = torch.tensor(lengths, dtype=torch.int32)
+    new_seq = torch.arange(len(lengths)).repeat_interleave(q_len).int().cuda()
+    new_pos = torch.tensor([n - q_len + j for n in lengths for j in range(q_len)]).int().cuda()
+    quantize_append(kc, new[0].reshape(-1, hkv, d), new[1].reshape(-1, hkv, d), new_seq, new_pos)
+    want = decode_attention(kc, q, lens, max(lengths))
+    got = decode_attention(kc_fused, q, lens, max(lengths), append=(new[0], new[1]))
+    for kind, (mine, theirs) in enumerate(zip(other.pools, cache.pools)):
+        assert torch.equal(mine, theirs), f"the fused append wrote different {'kv'[kind]} bytes"
+    assert torch.equal(got, want), "the fused call's attention differs"
 
 
 def reference_lse(cache, table, q, lengths, scale):

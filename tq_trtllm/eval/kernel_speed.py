@@ -40,8 +40,10 @@ class Row:
     speedup: float
     packed_mb: float
     tq_read_tbps: float
-    append_us: float | None = None
-    append_pct: float | None = None
+    append_us: float | None = None   # tq_quantize_append of one decode step, its own launch
+    append_pct: float | None = None  # ... as % of tq_us
+    fused_us: float | None = None    # tq_decode_attention_append: the same append fused in
+    fused_append_pct: float | None = None  # (fused_us - tq_us) as % of tq_us
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -87,14 +89,16 @@ def packed_cache(batch: int, context: int, q_heads: int, kv_heads: int, head_dim
 
 
 def raw_attention_call(kc: KernelCache, fn_name: str, q: torch.Tensor, kv_lens: torch.Tensor,
-                       max_kv_len: int):
-    """The library call with every argument prepared once (no per-call Python allocation)."""
+                       max_kv_len: int, new: torch.Tensor | None = None):
+    """The library call with every argument prepared once (no per-call Python allocation); new:
+    the fused append's rows [2, batch * q_len, kv_heads, head_dim] (tq_decode_attention_append)."""
     batch, q_len, hq, d = q.shape
     out = torch.empty_like(q)
     ws = torch.empty(workspace_bytes(batch, q_len, hq, kc.cache.num_kv_heads, d, max_kv_len),
                      dtype=torch.uint8, device="cuda")
     fn = getattr(library(), fn_name)
-    args = (ctypes.byref(kc.struct), q.data_ptr(), out.data_ptr(), None, _dtype_code(q.dtype),
+    appended = () if new is None else (new[0].data_ptr(), new[1].data_ptr(), new.stride(1))
+    args = (ctypes.byref(kc.struct), *appended, q.data_ptr(), out.data_ptr(), None, _dtype_code(q.dtype),
             kv_lens.data_ptr(), max_kv_len, batch, q_len, hq, d**-0.5, ws.data_ptr(), ws.numel(),
             ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
 
@@ -118,11 +122,13 @@ def decode_row(timer: Timer, batch: int, context: int, q_heads: int, kv_heads: i
     seq = torch.arange(batch, device="cuda", dtype=torch.int32).repeat_interleave(q_len)
     pos = (context - q_len + torch.arange(q_len, device="cuda", dtype=torch.int32)).repeat(batch)
     append_us = timer.median_us(lambda: quantize_append(kc, kv_new[0], kv_new[1], seq, pos))
+    fused, _ = raw_attention_call(kc, "tq_decode_attention_append", q, lens, context, kv_new)
+    fused_us = timer.median_us(fused)
     sdpa_us = sdpa_decode_us(timer, batch, context, q_heads, kv_heads, head_dim, q_len)
     nbytes = packed_bytes_of(batch, context, kv_heads, head_dim, k_bits, v_bits)
     return Row("decode", batch, context, q_len, q_heads, kv_heads, head_dim, k_bits, v_bits,
                tq_us, sdpa_us, sdpa_us / tq_us, nbytes / 1e6, nbytes / tq_us / 1e6, append_us,
-               100.0 * append_us / tq_us)
+               100.0 * append_us / tq_us, fused_us, 100.0 * (fused_us - tq_us) / tq_us)
 
 
 def packed_bytes_of(batch, context, kv_heads, head_dim, k_bits, v_bits) -> int:

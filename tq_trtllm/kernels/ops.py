@@ -119,10 +119,7 @@ def _check_rows(name: str, t: torch.Tensor, heads: int, head_dim: int) -> None:
 def quantize_append(kc: KernelCache, k: torch.Tensor, v: torch.Tensor, seq_idx: torch.Tensor,
                     pos: torch.Tensor) -> None:
     """Quantize k, v ([n, num_kv_heads, head_dim], fp16/bf16) into (seq_idx[i], pos[i])."""
-    if kc.cache.key.gain != "unbiased" or kc.cache.value.gain != "unbiased":
-        # the kernel writes the unbiased gain (FORMAT.md step 4.5); the reference would disagree
-        raise TQError("quantize_append writes the unbiased gain only; the cache's codecs use "
-                      f"{kc.cache.key.gain!r} (keys) and {kc.cache.value.gain!r} (values)")
+    _check_unbiased(kc, "quantize_append")
     h, d = kc.cache.num_kv_heads, kc.head_dim
     _check_rows("k", k, h, d)
     _check_rows("v", v, h, d)
@@ -137,6 +134,13 @@ def quantize_append(kc: KernelCache, k: torch.Tensor, v: torch.Tensor, seq_idx: 
         seq_idx.data_ptr(), pos.data_ptr(), k.shape[0], kc.batch, _stream()), "tq_quantize_append")
 
 
+def _check_unbiased(kc: KernelCache, what: str) -> None:
+    if kc.cache.key.gain != "unbiased" or kc.cache.value.gain != "unbiased":
+        # the kernels write the unbiased gain (FORMAT.md step 4.5); the reference would disagree
+        raise TQError(f"{what} writes the unbiased gain only; the cache's codecs use "
+                      f"{kc.cache.key.gain!r} (keys) and {kc.cache.value.gain!r} (values)")
+
+
 def workspace_bytes(batch: int, q_len: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
                     max_kv_len: int) -> int:
     return library().tq_attention_workspace_bytes(batch, q_len, num_q_heads, num_kv_heads,
@@ -145,7 +149,8 @@ def workspace_bytes(batch: int, q_len: int, num_q_heads: int, num_kv_heads: int,
 
 def _attention(fn_name: str, kc: KernelCache, q: torch.Tensor, kv_lens: torch.Tensor,
                max_kv_len: int, softmax_scale: float | None, out: torch.Tensor | None,
-               workspace: torch.Tensor | None, lse: torch.Tensor | None) -> torch.Tensor:
+               workspace: torch.Tensor | None, lse: torch.Tensor | None,
+               new: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     if q.dim() != 4 or q.shape[-1] != kc.head_dim or not q.is_contiguous():
         raise TQError(f"q must be contiguous [batch, q_len, num_q_heads, {kc.head_dim}], got "
                       f"{list(q.shape)}")
@@ -162,30 +167,54 @@ def _attention(fn_name: str, kc: KernelCache, q: torch.Tensor, kv_lens: torch.Te
                             or not lse.is_contiguous() or lse.device != q.device):
         raise TQError(f"lse must be a contiguous float32 [{batch}, {q_len}, {hq}] tensor on "
                       f"{q.device}, got {lse.dtype} {list(lse.shape)} on {lse.device}")
+    rows = () if new is None else _new_rows(kc, new, batch, q_len)
+    appended = () if new is None else (rows[0].data_ptr(), rows[1].data_ptr(), rows[0].stride(0))
     need = workspace_bytes(batch, q_len, hq, kc.cache.num_kv_heads, d, max_kv_len)
     if workspace is None:
         workspace = torch.empty(need, dtype=torch.uint8, device=q.device)
     scale = d**-0.5 if softmax_scale is None else softmax_scale
     fn = getattr(library(), fn_name)
-    check(fn(ctypes.byref(kc.struct), q.data_ptr(), out.data_ptr(),
+    check(fn(ctypes.byref(kc.struct), *appended, q.data_ptr(), out.data_ptr(),
              None if lse is None else lse.data_ptr(), _dtype_code(q.dtype),
              kv_lens.data_ptr(), max_kv_len, batch, q_len, hq, scale, workspace.data_ptr(),
              workspace.numel() * workspace.element_size(), _stream()), fn_name)
     return out
 
 
+def _new_rows(kc: KernelCache, new: tuple[torch.Tensor, torch.Tensor], batch: int,
+              q_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(k, v) [batch, q_len, num_kv_heads, head_dim] as [batch * q_len, heads, head_dim] rows."""
+    _check_unbiased(kc, "decode_attention(append=...)")
+    h, d = kc.cache.num_kv_heads, kc.head_dim
+    rows = []
+    for name, x in zip("kv", new):
+        if x.shape != (batch, q_len, h, d):
+            raise TQError(f"append's {name} must be [{batch}, {q_len}, {h}, {d}], got {list(x.shape)}")
+        x = x.reshape(batch * q_len, h, d)  # a view where the strides allow
+        _check_rows(name, x, h, d)
+        rows.append(x)
+    if rows[0].dtype != rows[1].dtype or rows[0].stride(0) != rows[1].stride(0):
+        raise TQError("append's k and v must share dtype and token stride")
+    return rows[0], rows[1]
+
+
 def decode_attention(kc: KernelCache, q: torch.Tensor, kv_lens: torch.Tensor, max_kv_len: int,
                      softmax_scale: float | None = None, out: torch.Tensor | None = None,
-                     workspace: torch.Tensor | None = None,
-                     lse: torch.Tensor | None = None) -> torch.Tensor:
+                     workspace: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+                     append: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """q: [batch, q_len (1..8), num_q_heads, head_dim]; the last q_len positions of each sequence.
 
     lse, if given (float32 [batch, q_len, num_q_heads], contiguous, on q's device), receives each
     row's natural-log log-sum-exp of softmax_scale * q . k over the keys it sees (-inf if none), to
-    merge this attention with attention over keys outside the cache. Returns out.
+    merge this attention with attention over keys outside the cache. append=(k, v), each
+    [batch, q_len, num_kv_heads, head_dim] in q's dtype, first writes the step's new keys and values
+    at those positions (tq_decode_attention_append: the quantize-append fused into the attention
+    launch). Returns out.
     """
-    return _attention("tq_decode_attention", kc, q, kv_lens, max_kv_len, softmax_scale, out,
-                      workspace, lse)
+    if append is not None and append[0].dtype != q.dtype:
+        raise TQError(f"append's k and v must have q's dtype {q.dtype}, got {append[0].dtype}")
+    name = "tq_decode_attention" if append is None else "tq_decode_attention_append"
+    return _attention(name, kc, q, kv_lens, max_kv_len, softmax_scale, out, workspace, lse, append)
 
 
 def prefill_attention(kc: KernelCache, q: torch.Tensor, kv_lens: torch.Tensor, max_kv_len: int,

@@ -128,6 +128,17 @@ tq_status tq_decode_attention(const tq_paged_cache* cache, const void* q, void* 
                               int32_t batch, int32_t q_len, int32_t num_q_heads,
                               float softmax_scale, void* workspace, size_t workspace_bytes,
                               tq_stream stream);
+/* tq_decode_attention with the step's quantize-append fused in (one launch fewer per step): first
+ * writes k_new and v_new, the q_len new keys and values of each sequence ([batch][q_len]
+ * [num_kv_heads][head_dim], token (b, j) at element offset (b * q_len + j) * new_stride, `dtype`,
+ * 4-byte aligned), at positions kv_lens[b] - q_len + j, the same bytes tq_quantize_append writes,
+ * then attends exactly as tq_decode_attention. The blocks of those positions must be in the table. */
+tq_status tq_decode_attention_append(const tq_paged_cache* cache, const void* k_new,
+                                     const void* v_new, int64_t new_stride, const void* q,
+                                     void* out, float* lse, tq_dtype dtype,
+                                     const int32_t* kv_lens, int32_t max_kv_len, int32_t batch,
+                                     int32_t q_len, int32_t num_q_heads, float softmax_scale,
+                                     void* workspace, size_t workspace_bytes, tq_stream stream);
 tq_status tq_prefill_attention(const tq_paged_cache* cache, const void* q, void* out, float* lse,
                                tq_dtype dtype, const int32_t* kv_lens, int32_t max_kv_len,
                                int32_t batch, int32_t q_len, int32_t num_q_heads,
