@@ -103,6 +103,7 @@ __global__ void __launch_bounds__(32 * kPrefillWarps, 1) prefill_kernel(AttnArgs
     for (int e = 0; e < E; ++e) q_s[rr * LD + run_position(kt, lane * E + e)] = __float2half_rn(x[e]);
   }
   fill_byte_tables(tables, a.cache);
+  __syncthreads();  // the first decode reads the tables (the query rows wait for the loop's barrier)
 
   // This thread's rows: m tile mt, half h (C-fragment row g4 + 8h). Causal limits (padding rows
   // are never written out: no limit); tokens before full_end are visible to every row of the CTA.
