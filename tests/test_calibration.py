@@ -7,7 +7,9 @@ from hf_fixtures import tiny_model, tiny_text, tiny_tokenizer
 from tq_trtllm.calibration.allocate import EFFECTIVE_OVERHEAD, allocate_widths
 from tq_trtllm.calibration.calibrate import CalibrationOptions, calibrate, collect_stats
 from tq_trtllm.calibration.capture import token_windows
-from tq_trtllm.calibration.stats import ChannelStats
+from tq_trtllm.calibration.stats import ChannelStats, output_weights
+from tq_trtllm.core.quantizer import VectorCodec
+from tq_trtllm.core.spec import CodecSpec
 from tq_trtllm.models.checkpoint import LoadedModel
 from tq_trtllm.models.registry import get_family
 
@@ -29,6 +31,8 @@ def test_stats_match_direct_computation(loaded):
     scale = s.key_scale(centred=True)
     assert (scale > 0).all()
     assert torch.allclose(scale.log().mean(dim=-1), torch.zeros(2, dtype=torch.float64), atol=1e-9)
+    o_proj = loaded.model.model.layers[1].self_attn.o_proj.weight
+    assert torch.equal(s.value_weight, output_weights(o_proj, 2, 64))
 
 
 def test_key_scale_is_the_fourth_root_rule():
@@ -40,6 +44,44 @@ def test_key_scale_is_the_fourth_root_rule():
     # s_c = (k_c^2 / q_c^2)^(1/4) = sqrt(k_c / q_c), up to a common factor
     ratio = scale / scale[0]
     assert torch.allclose(ratio, torch.tensor([1.0, 2.0, 4.0, 8.0], dtype=torch.float64))
+
+
+def test_value_scale_is_the_fourth_root_rule_with_output_weights():
+    s = ChannelStats.zeros(1, 4, value_weight=torch.tensor([[1.0, 16.0, 1.0, 16.0]], dtype=torch.float64))
+    v = torch.tensor([[[[1.0, 2.0, 4.0, 8.0]]]]).expand(1, 1, 10, 4)
+    s.add(v, v, v, skip=0)
+    # s_c = (v_c^2 / w_c)^(1/4) = sqrt(v_c) / w_c^(1/4), geometric mean 1
+    want = torch.tensor([1.0, 2**0.5 / 2, 2.0, 8**0.5 / 2], dtype=torch.float64)
+    assert torch.allclose(s.value_scale(centred=False)[0], want / want.log().mean().exp())
+    # outliers: the largest sqrt(v_c^2 w_c) with the scale, the largest v_c^2 without
+    assert s.value_outliers(2, centred=False, scaled=True)[0].tolist() == [1, 3]
+    assert s.value_outliers(2, centred=False, scaled=False)[0].tolist() == [2, 3]
+
+
+def test_output_weights_sum_the_groups_o_proj_columns(gen):
+    kv_heads, group, head_dim = 2, 3, 16
+    o_proj = torch.randn(40, kv_heads * group * head_dim, generator=gen)
+    weights = output_weights(o_proj, kv_heads, head_dim)
+    for h in range(kv_heads):
+        for c in range(head_dim):
+            cols = [(h * group + g) * head_dim + c for g in range(group)]
+            assert weights[h, c].item() == pytest.approx(o_proj[:, cols].double().square().sum().item())
+
+
+def test_value_scale_cuts_the_output_weighted_error_as_predicted(gen):
+    """Channel powers a_c and output weights w_c in opposite orders: the weighted error
+    sum_c w_c E[e_c^2] falls by the predicted (sum_c sqrt(a_c w_c))^2 / (sum_c a_c sum_c w_c)."""
+    a = torch.logspace(-1, 1, 64, dtype=torch.float64)
+    w = a.flip(0)
+    s = ChannelStats.zeros(1, 64, value_weight=w[None])
+    v = torch.randn(1, 1, 4000, 64, generator=gen, dtype=torch.float64) * a.sqrt()
+    s.add(v, v, v, skip=0)
+    power = s.value_power(centred=False)[0]
+    predicted = (power * w).sqrt().sum() ** 2 / (power.sum() * w.sum())
+    errors = [((VectorCodec(CodecSpec(64, 3), seed=3, scale=scale).roundtrip(v[0, 0]) - v[0, 0]) ** 2
+               * w).sum() for scale in (None, s.value_scale(centred=False)[0])]
+    assert predicted < 0.3
+    assert errors[1] / errors[0] == pytest.approx(predicted.item(), rel=0.15)
 
 
 def test_calibrated_table_is_sane(loaded):
@@ -54,6 +96,18 @@ def test_calibrated_table_is_sane(loaded):
                                 (layer.value_width, layer.value_outliers)):
             assert (outliers is None) == float(width).is_integer()
     assert table.calibration["source"] == "tiny" and "fisher_costs" in table.calibration
+
+
+def test_value_scale_option_reaches_the_value_codec(loaded):
+    opts = CalibrationOptions(window=64, windows=1, value_scale=True)
+    table = calibrate(loaded, tiny_text(200), "k3v2.5", opts)
+    stats = collect_stats(loaded.model, token_windows(loaded.tokenizer, tiny_text(200), 64, 1), skip=0)
+    for layer, s in zip(table.layers, stats):
+        assert torch.equal(layer.value_scale, s.value_scale(centred=False).float())
+        assert torch.equal(layer.value_outliers, s.value_outliers(32, centred=False, scaled=True))
+        assert torch.equal(layer.codecs(64)[1].scale, layer.value_scale.double())
+    plain = calibrate(loaded, tiny_text(200), "k3v2.5", CalibrationOptions(window=64, windows=1))
+    assert all(layer.value_scale is None for layer in plain.layers)
 
 
 def test_pair_widths_are_uniform(loaded):

@@ -7,6 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from hf_fixtures import save_tiny_checkpoint, tiny_text
+from tq_trtllm.calibration.tables_io import load_table
 from tq_trtllm.cli.build import main as build
 from tq_trtllm.cli.eval import main as tq_eval
 from tq_trtllm.cli.run import main as run
@@ -55,6 +56,15 @@ def test_build_writes_manifest_and_tables(engine):
     assert manifest["average_widths"]["all"] <= 3.0
     assert manifest["effective_bits"]["bits"] <= 3.3
     assert not [p for p in engine.parent.iterdir() if p.name.startswith(".")]  # no temp dir left
+
+
+def test_build_value_scale_flag(tmp_path, checkpoint, calib_file):
+    result = invoke(build, "--checkpoint", checkpoint, "--calib-text", calib_file, "--kv-bits", "k3v2.5",
+                    "--value-scale", "--output", tmp_path / "e", "--calib-windows", "1", "--json")
+    assert result.exit_code == 0, result.output
+    table = load_table(tmp_path / "e" / json.loads(result.output)["tables"])
+    assert table.calibration["value_scale"] is True
+    assert all(layer.value_scale.shape == (2, 64) for layer in table.layers)
 
 
 def test_run_prints_text_and_kv_bytes(engine):

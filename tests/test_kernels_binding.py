@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tq_trtllm.calibration.table import LayerTable
 from tq_trtllm.core.errors import TQError
 from tq_trtllm.core.packing import PageLayout
 from tq_trtllm.core.quantizer import VectorCodec
@@ -20,6 +21,18 @@ from tq_trtllm.kernels.ops import DeviceCodec
 def test_import_needs_no_gpu_and_says_why_it_cannot_run():
     reason = kernels.unavailable_reason()
     assert reason is None or isinstance(reason, str) and reason
+
+
+def test_device_codecs_carry_the_tables_scales(gen):
+    """Each side's per-head scale reaches its tq_codec (the value scale is multiplied back in by the
+    attention merge and by dequantize); no library or GPU is needed to build the structs."""
+    key_scale, value_scale = (torch.rand(2, 64, generator=gen, dtype=torch.float64) + 0.5 for _ in range(2))
+    table = LayerTable(3.0, 2.5, 5, key_scale=key_scale, value_scale=value_scale,
+                       value_outliers=torch.arange(32).repeat(2, 1))
+    for codec, scale in zip(table.codecs(64), (key_scale, value_scale)):
+        dc = DeviceCodec(codec, 2, "cpu")
+        assert dc.struct.scale == dc.scale.data_ptr() and torch.equal(dc.scale, scale.float())
+    assert DeviceCodec(LayerTable(3.0, 3.0, 5).codecs(64)[1], 2, "cpu").struct.scale is None
 
 
 needs_library = pytest.mark.skipif(kernels.find_library() is None,
@@ -64,3 +77,41 @@ def test_attention_refuses_a_bad_lse(lse):
     q = torch.zeros(1, 2, 4, 64, dtype=torch.float16)
     with pytest.raises(TQError, match=r"lse must be a contiguous float32 \[1, 2, 4\]"):
         kernels.decode_attention(kc, q, torch.tensor([2]), 2, lse=lse)
+
+
+@needs_library
+def test_library_checks_the_fused_appends_arguments():
+    """tq_decode_attention_append refuses missing or misaligned new rows and a short stride before
+    touching the (fake, host-side) device pointers, and checks lse in its own position: this pins
+    its C signature and ctypes argtypes."""
+    codec = DeviceCodec(VectorCodec(CodecSpec(128, 3)), 1, "cpu").struct
+    cache = TqPagedCache(k_pool=1 << 20, v_pool=1 << 21, k_chunk_bytes=50 * 16,
+                         v_chunk_bytes=50 * 16, block_table=1 << 22, max_blocks=1, tokens_per_block=16,
+                         num_kv_heads=1, num_chunks=1, key=codec, value=codec)
+    lib = kernels.library()
+
+    def call(k_new, v_new, stride, lse=None):
+        return lib.tq_decode_attention_append(ctypes.byref(cache), k_new, v_new, stride, 1 << 23,
+                                              1 << 24, lse, 0, 1 << 26, 16, 1, 1, 1, 0.1, None, 0,
+                                              None)
+
+    cases = [((None, 1 << 27, 128), 1, b"k_new and v_new must not be NULL"),
+             ((1 << 27, (1 << 28) + 2, 128), 5, b"k_new and v_new must be 4-byte aligned"),
+             ((1 << 27, 1 << 28, 64), 6, b"new_stride 64 is smaller than num_kv_heads x head_dim"),
+             ((1 << 27, 1 << 28, 128, (1 << 25) + 2), 5, b"lse must be 4-byte aligned")]
+    for args, status, message in cases:
+        assert call(*args) == status and message in lib.tq_last_error()
+
+
+def test_fused_append_refuses_misshaped_rows():
+    """The fused append's k and v are checked against [batch, q_len, kv heads, head_dim] before the
+    library is called (no GPU needed)."""
+    codecs = SimpleNamespace(gain="unbiased")
+    kc = SimpleNamespace(head_dim=64, batch=1,
+                         cache=SimpleNamespace(num_kv_heads=2, key=codecs, value=codecs))
+    q = torch.zeros(1, 2, 4, 64, dtype=torch.float16)
+    good = torch.zeros(1, 2, 2, 64, dtype=torch.float16)
+    with pytest.raises(TQError, match=r"append's v must be \[1, 2, 2, 64\], got \[1, 1, 2, 64\]"):
+        kernels.decode_attention(kc, q, torch.tensor([2]), 2, append=(good, good[:, :1]))
+    with pytest.raises(TQError, match="append's k and v must have q's dtype"):
+        kernels.decode_attention(kc, q, torch.tensor([2]), 2, append=(good.float(), good.float()))

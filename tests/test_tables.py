@@ -19,6 +19,7 @@ def calibrated_table(gen) -> KVTable:
                    key_outliers=torch.stack([torch.randperm(64, generator=gen)[:32].sort().values
                                              for _ in range(2)])),
         LayerTable(2.0, 2.5, 8, value_mean=torch.randn(2, 64, generator=gen),
+                   value_scale=torch.rand(2, 64, generator=gen) + 0.5,
                    value_outliers=torch.arange(32).repeat(2, 1)),
     ]
     return KVTable(FP, layers, 2, "3", {"mode": "calibrated", "source": "test"})
@@ -36,8 +37,10 @@ def test_round_trip(tmp_path, gen):
             x, y = getattr(a, name), getattr(b, name)
             assert (x is None and y is None) or torch.equal(x, y)
     x = torch.randn(5, 2, 64, generator=gen)
-    for kind in range(2):
-        assert torch.equal(table.codecs(0)[kind].roundtrip(x), back.codecs(0)[kind].roundtrip(x))
+    for layer in range(2):
+        for kind in range(2):
+            assert torch.equal(table.codecs(layer)[kind].roundtrip(x), back.codecs(layer)[kind].roundtrip(x))
+    assert torch.equal(back.codecs(1)[1].scale, table.layers[1].value_scale.double())
     assert not list(tmp_path.glob("*.tmp"))
 
 
@@ -80,6 +83,8 @@ def _rewrite_header(path, edit):
     (lambda h, t: h["layers"].pop(), "lists 1 layers"),
     (lambda h, t: t.update({"layers.0.key_mean": torch.zeros(3, 64)}), r"shape \[3, 64\]"),
     (lambda h, t: t.update({"layers.0.key_scale": -torch.ones(2, 64)}), "not positive"),
+    (lambda h, t: t.update({"layers.1.value_scale": torch.zeros(2, 64)}), "not positive"),
+    (lambda h, t: t.update({"layers.1.value_scale": torch.ones(2, 32)}), r"value_scale has shape \[2, 32\]"),
     (lambda h, t: t.update({"layers.0.key_mean": torch.full((2, 64), float("nan"))}), "NaN"),
     (lambda h, t: t.update({"layers.0.key_outliers": torch.full((2, 32), 64)}), "channel indices"),
     (lambda h, t: h.pop("fingerprint"), "malformed header"),
@@ -90,6 +95,11 @@ def test_damaged_header_or_tensors_are_refused(tmp_path, gen, edit, message):
     _rewrite_header(path, edit)
     with pytest.raises(TQError, match=message):
         load_table(path)
+
+
+def test_side_bytes_count_means_and_scales_at_fp32_and_outliers_at_one_byte(gen):
+    # layer 0: key mean, key scale, 32 key outliers; layer 1: value mean, value scale, 32 value outliers
+    assert calibrated_table(gen).side_bytes() == 2 * (2 * 2 * 64 * 4 + 2 * 32)
 
 
 def test_effective_bits_count_every_byte():

@@ -12,10 +12,11 @@ from ..core.errors import TQError
 from ..core.spec import CodecSpec, parse_kv_bits
 from ..models.checkpoint import LoadedModel
 from ..models.fingerprint import fingerprint, head_dim_of
+from ..models.registry import output_projections
 from .allocate import CANDIDATE_WIDTHS, allocate_widths
 from .capture import run_observed, token_windows
 from .sensitivity import fisher_cost, fisher_gradients
-from .stats import ChannelStats
+from .stats import ChannelStats, output_weights
 from .table import KVTable, LayerTable
 
 REFERENCE_CONTEXT = 1024  # the context length at which effective bits are budgeted
@@ -26,6 +27,7 @@ class CalibrationOptions:
     key_mean: bool = True  # subtract the per-head key channel mean (restored exactly)
     key_scale: bool = True  # per-channel key scale from query/key statistics (folded into q)
     value_mean: bool = False
+    value_scale: bool = False  # per-channel value scale from value statistics and o_proj weights
     sink_tokens: int = 0  # first tokens kept exact in fp16
     per_layer: bool = True  # per-layer widths under the budget (else the same widths everywhere)
     window: int = 512  # calibration window length, tokens
@@ -39,7 +41,8 @@ def collect_stats(model, windows: torch.Tensor, skip: int, progress: bool = Fals
     cfg = model.config
     heads = cfg.num_key_value_heads
     head_dim = head_dim_of(cfg)
-    stats = [ChannelStats.zeros(heads, head_dim) for _ in range(cfg.num_hidden_layers)]
+    stats = [ChannelStats.zeros(heads, head_dim, output_weights(w, heads, head_dim))
+             for w in output_projections(model)]
 
     def add(layer, query, key, value):
         stats[layer].add(query, key, value, skip)
@@ -60,7 +63,8 @@ def _layer_table(stats: ChannelStats, head_dim: int, key_width: float, value_wid
         key_scale=stats.key_scale(opts.key_mean).to(f32) if opts.key_scale else None,
         key_outliers=stats.key_outliers(n_k, opts.key_mean) if n_k else None,
         value_mean=stats.value_mean.to(f32) if opts.value_mean else None,
-        value_outliers=stats.value_outliers(n_v, opts.value_mean) if n_v else None,
+        value_scale=stats.value_scale(opts.value_mean).to(f32) if opts.value_scale else None,
+        value_outliers=stats.value_outliers(n_v, opts.value_mean, opts.value_scale) if n_v else None,
     )
 
 

@@ -26,15 +26,16 @@ class LayerTable:
     key_scale: torch.Tensor | None = None
     key_outliers: torch.Tensor | None = None
     value_mean: torch.Tensor | None = None
+    value_scale: torch.Tensor | None = None
     value_outliers: torch.Tensor | None = None
 
-    TENSORS = ("key_mean", "key_scale", "key_outliers", "value_mean", "value_outliers")
+    TENSORS = ("key_mean", "key_scale", "key_outliers", "value_mean", "value_scale", "value_outliers")
 
     def codecs(self, head_dim: int) -> tuple[VectorCodec, VectorCodec]:
         key = VectorCodec(CodecSpec(head_dim, self.key_width), seed=self.seed, mean=self.key_mean,
                           scale=self.key_scale, outliers=self.key_outliers)
         value = VectorCodec(CodecSpec(head_dim, self.value_width), seed=self.seed,
-                            mean=self.value_mean, outliers=self.value_outliers)
+                            mean=self.value_mean, scale=self.value_scale, outliers=self.value_outliers)
         return key, value
 
 

@@ -48,6 +48,7 @@ def default_calibration_text() -> tuple[str, str]:
 @click.option("--key-mean/--no-key-mean", default=True, show_default=True)
 @click.option("--key-scale/--no-key-scale", default=True, show_default=True)
 @click.option("--value-mean/--no-value-mean", default=False, show_default=True)
+@click.option("--value-scale/--no-value-scale", default=False, show_default=True)
 @click.option("--per-layer/--uniform", default=True, show_default=True,
               help="Per-layer widths from measured sensitivity, or the same widths in every layer.")
 @click.option("--calib-windows", type=click.IntRange(1, 256), default=8, show_default=True,
@@ -56,7 +57,7 @@ def default_calibration_text() -> tuple[str, str]:
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
 @clean_errors
 def main(family, kv_bits, checkpoint, calib_text, backend, output, oblivious, sink_tokens, key_mean,
-         key_scale, value_mean, per_layer, calib_windows, seed, as_json):
+         key_scale, value_mean, value_scale, per_layer, calib_windows, seed, as_json):
     family = get_family(family).name
     key_w, value_w = parse_kv_bits(kv_bits)
     if min(key_w, value_w) < MIN_WIDTH:
@@ -84,8 +85,8 @@ def main(family, kv_bits, checkpoint, calib_text, backend, output, oblivious, si
         table = oblivious_table(fingerprint(family, loaded.config), key_w, value_w, seed, kv_bits=tag)
     else:
         opts = CalibrationOptions(key_mean=key_mean, key_scale=key_scale, value_mean=value_mean,
-                                  sink_tokens=sink_tokens, per_layer=per_layer, windows=calib_windows,
-                                  seed=seed)
+                                  value_scale=value_scale, sink_tokens=sink_tokens, per_layer=per_layer,
+                                  windows=calib_windows, seed=seed)
         table = calibrate(loaded, text, tag, opts, source=source, progress=not as_json)
     manifest = write_engine(output, family, checkpoint, backend, table)
     if as_json:

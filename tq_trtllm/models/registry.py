@@ -2,7 +2,8 @@
 
 A family is supported when its transformers attention module applies RoPE, calls `cache.update` with
 post-RoPE keys and values, and then the registered attention function: the cache and attention in
-`tq_trtllm.integrations` plug into exactly those two calls. Llama, Mistral and Qwen2 share that code.
+`tq_trtllm.integrations` plug into exactly those two calls. Llama, Mistral and Qwen2 share that code,
+and the layout of the attention output projection that the calibration reads (output_projections).
 """
 
 from __future__ import annotations
@@ -47,3 +48,8 @@ def check_config(family: Family, config) -> None:
     if uses_window and getattr(config, "sliding_window", None):
         raise TQError(f"the checkpoint uses sliding-window attention (window {config.sliding_window}); "
                       "the TurboQuant cache supports full attention only")
+
+
+def output_projections(model) -> list:
+    """Every layer's attention output projection weight, [hidden, q_heads * head_dim]."""
+    return [layer.self_attn.o_proj.weight for layer in model.model.layers]
