@@ -2,7 +2,10 @@
 
 Every token's key and value, the one being processed included, is quantized into the pages before
 attention reads them (the kernels' quantize-append-then-attend order), except the first
-`sink_tokens` tokens of each sequence, which a table may keep exact in fp16.
+`sink_tokens` tokens of each sequence, which a table may keep exact in fp16. On the kernels a decode
+step's new rows (at most MAX_DECODE_Q_LEN, none of them sinks) are held back by `update` and
+written by the attention call itself (`decode_attention(append=...)`, one launch fewer per layer
+and step); any other read of the pages writes them first (`_flush`).
 
 Backends: "kernels" keeps the pages on the GPU and appends and reads them with the CUDA library;
 "reference" uses the Python reference (any device); "auto" takes the kernels where they can run
@@ -20,6 +23,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from .. import kernels
 from ..calibration.table import KVTable
+from ..kernels.ops import MAX_DECODE_Q_LEN
 from ..core.errors import TQError
 from ..core.paged import PagedLayerCache
 
@@ -60,6 +64,7 @@ class TurboQuantLayer(DynamicLayer):
         self.length = 0
         self.uses_kernels = False
         self._kernel_cache = None  # kernels.KernelCache of the current pools and block table
+        self._pending = None  # a decode step's rows [batch, n, H, d] for the fused append
         self.is_initialized = False
 
     def lazy_initialization(self, key_states, value_states=None) -> None:
@@ -81,14 +86,18 @@ class TurboQuantLayer(DynamicLayer):
         Returns the sink tokens, tagged with this layer for the attention function."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        self._flush()
         start, steps = self.length, key_states.shape[2]
         exact = max(0, min(self.sink_tokens, start + steps) - start)
         if exact:
             self.sinks = tuple(torch.cat([s, x[:, :, :exact].to(torch.float16)], dim=2)
                                for s, x in zip(self.sinks, (key_states, value_states)))
-        if steps > exact:
-            self._append(key_states[:, :, exact:], value_states[:, :, exact:],
-                         start + exact - self.sink_tokens)
+        first = start + exact - self.sink_tokens
+        if self.uses_kernels and not exact and steps <= MAX_DECODE_Q_LEN:
+            self._reserve(first + steps)
+            self._pending = tuple(x.transpose(1, 2) for x in (key_states, value_states))
+        elif steps > exact:
+            self._append(key_states[:, :, exact:], value_states[:, :, exact:], first)
         self.length = start + steps
         out = tuple(s.to(self.dtype).view_as(s) for s in self.sinks)  # fresh objects to tag
         for t in out:
@@ -115,6 +124,18 @@ class TurboQuantLayer(DynamicLayer):
         else:
             self.pages.append(self.block_table, flat[0], flat[1], seq_idx, pos)
 
+    def take_pending(self):
+        """The held-back rows (k, v) [batch, n, H, d] of the last n packed positions, or None; the
+        caller writes them (the fused append)."""
+        pending, self._pending = self._pending, None
+        return pending
+
+    def _flush(self) -> None:
+        pending = self.take_pending()
+        if pending is not None:
+            n = pending[0].shape[1]
+            self._append(*(x.transpose(1, 2) for x in pending), self.packed_length - n)
+
     def _reserve(self, tokens: int) -> None:
         """Blocks for `tokens` packed positions per sequence; block i of sequence b is chunk i*batch+b.
         The table at least doubles when it grows, so a long generation copies the pool O(log n) times."""
@@ -136,6 +157,7 @@ class TurboQuantLayer(DynamicLayer):
 
     def read_packed(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The packed tokens dequantized: K, V [batch, H, packed_length, d] in the model's dtype."""
+        self._flush()
         keys, values = [], []
         for b in range(self.batch):
             if self.uses_kernels:

@@ -58,8 +58,12 @@ def _packed_kernels(layer, q: torch.Tensor, scaling: float) -> tuple[torch.Tenso
     rows = q.transpose(1, 2).contiguous()
     lse = torch.empty(b, t, hq, dtype=torch.float32, device=q.device)
     lens = torch.full((b,), layer.packed_length, dtype=torch.int32, device=q.device)
-    attend = ops.decode_attention if t <= ops.MAX_DECODE_Q_LEN else ops.prefill_attention
-    out = attend(layer.kernel_cache(), rows, lens, layer.packed_length, scaling, lse=lse)
+    if t <= ops.MAX_DECODE_Q_LEN:  # with the step's rows appended first, if update held them back
+        out = ops.decode_attention(layer.kernel_cache(), rows, lens, layer.packed_length, scaling,
+                                   lse=lse, append=layer.take_pending())
+    else:
+        out = ops.prefill_attention(layer.kernel_cache(), rows, lens, layer.packed_length, scaling,
+                                    lse=lse)
     return out.transpose(1, 2).float(), lse.transpose(1, 2)
 
 
