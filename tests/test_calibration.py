@@ -131,3 +131,51 @@ def test_too_little_text_is_refused(loaded):
 
     with pytest.raises(TQError, match="too few tokens"):
         calibrate(loaded, "the a of", "3", CalibrationOptions(window=64))
+
+
+class _CharTokenizer:
+    """One token per character: enough to read the windows back exactly."""
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(c) for c in text]}
+
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids)
+
+
+def test_retrieval_windows_need_copying_and_differ_from_the_evaluation():
+    from tq_trtllm.calibration.retrieval import FILLER_TOKENS, retrieval_windows
+    from tq_trtllm.core.errors import TQError
+
+    tok, text = _CharTokenizer(), tiny_text(400)
+    rows = retrieval_windows(tok, text, 600, 3, seed=0)
+    assert rows.shape == (3, 600) and rows.dtype == torch.int64
+    assert torch.equal(rows, retrieval_windows(tok, text, 600, 3, seed=0))
+    assert not torch.equal(rows, retrieval_windows(tok, text, 600, 3, seed=1))
+    keys = set()
+    for row in rows:
+        window = tok.decode(row.tolist())
+        key = window.rsplit("magic number is", 1)[1].strip(" .")
+        assert len(key) == 5 and key.isdigit()
+        assert window.count(key) == 3  # twice in the needle, once as the answer at the end
+        assert window.endswith(f"the magic number is {key}.")
+        assert "pass key" not in window.lower()
+        filler = window[:window.index(" Note this well")]
+        assert filler and filler[:FILLER_TOKENS] in text  # a stretch of the calibration text
+        keys.add(key)
+    assert len(keys) == 3
+    assert retrieval_windows(tok, text, 600, 0).shape == (0, 600)
+    with pytest.raises(TQError, match="more than"):
+        retrieval_windows(tok, text, 50, 1)
+
+
+def test_retrieval_windows_enter_the_fisher_costs(loaded):
+    base = CalibrationOptions(window=64, windows=1, fisher_windows=1, fisher_samples=1, sink_tokens=1)
+    plain = calibrate(loaded, tiny_text(400), "3", base)
+    opts = CalibrationOptions(**{**base.__dict__, "retrieval_windows": 2})
+    with_retrieval = calibrate(loaded, tiny_text(400), "3", opts)
+    assert with_retrieval.calibration["retrieval_windows"] == 2
+    a, b = plain.calibration["fisher_costs"], with_retrieval.calibration["fisher_costs"]
+    assert a.keys() == b.keys()
+    # the costs are sums over windows: two more windows add to every slot's cost
+    assert all(b[slot][w] > a[slot][w] for slot in a for w in a[slot])

@@ -67,6 +67,15 @@ def test_build_value_scale_flag(tmp_path, checkpoint, calib_file):
     assert all(layer.value_scale.shape == (2, 64) for layer in table.layers)
 
 
+def test_build_retrieval_windows_flag(tmp_path, checkpoint, calib_file):
+    result = invoke(build, "--checkpoint", checkpoint, "--calib-text", calib_file, "--kv-bits", "3",
+                    "--retrieval-windows", "1", "--output", tmp_path / "e", "--calib-windows", "2",
+                    "--json")
+    assert result.exit_code == 0, result.output
+    table = load_table(tmp_path / "e" / json.loads(result.output)["tables"])
+    assert table.calibration["retrieval_windows"] == 1
+
+
 def test_run_prints_text_and_kv_bytes(engine):
     result = invoke(run, "--engine", engine, "--prompt", "the time of the new", "--max-new-tokens", "5",
                     "--json")

@@ -15,6 +15,7 @@ from ..models.fingerprint import fingerprint, head_dim_of
 from ..models.registry import output_projections
 from .allocate import CANDIDATE_WIDTHS, allocate_widths
 from .capture import run_observed, token_windows
+from .retrieval import retrieval_windows
 from .sensitivity import fisher_cost, fisher_gradients
 from .stats import ChannelStats, output_weights
 from .table import KVTable, LayerTable
@@ -34,6 +35,7 @@ class CalibrationOptions:
     windows: int = 8  # windows for the statistics
     fisher_windows: int = 2  # windows for the sensitivity
     fisher_samples: int = 4  # label samples per window for the Fisher estimate
+    retrieval_windows: int = 0  # synthetic retrieval windows added to the Fisher windows (retrieval.py)
     seed: int = 0
 
 
@@ -94,8 +96,11 @@ def calibrate(loaded: LoadedModel, text: str, kv_bits: str, opts: CalibrationOpt
     uniform = {(i, k): w for i in range(n_layers) for k, w in ((0, key_w), (1, value_w))}
     if not opts.per_layer or key_w != value_w:
         return build(uniform)
-    costs = measure_costs(loaded.model, windows[: opts.fisher_windows], stats, head_dim, opts,
-                          progress)
+    fisher = windows[: opts.fisher_windows]
+    if opts.retrieval_windows:
+        fisher = torch.cat([fisher, retrieval_windows(loaded.tokenizer, text, opts.window,
+                                                      opts.retrieval_windows, opts.seed)])
+    costs = measure_costs(loaded.model, fisher, stats, head_dim, opts, progress)
     widths = allocate_widths(costs, key_w, lambda w: CodecSpec(head_dim, w).bytes_per_token,
                              lambda w: build(w).effective_bits(REFERENCE_CONTEXT))
     table = build(widths)

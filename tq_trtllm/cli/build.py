@@ -53,11 +53,14 @@ def default_calibration_text() -> tuple[str, str]:
               help="Per-layer widths from measured sensitivity, or the same widths in every layer.")
 @click.option("--calib-windows", type=click.IntRange(1, 256), default=8, show_default=True,
               help="512-token windows of calibration text for the statistics.")
+@click.option("--retrieval-windows", type=click.IntRange(0, 64), default=0, show_default=True,
+              help="Synthetic retrieval windows (a number to copy from far back) added to the layer "
+                   "sensitivity's windows, so the widths also price long-range retrieval.")
 @click.option("--seed", type=click.IntRange(0, 2**31), default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
 @clean_errors
 def main(family, kv_bits, checkpoint, calib_text, backend, output, oblivious, sink_tokens, key_mean,
-         key_scale, value_mean, value_scale, per_layer, calib_windows, seed, as_json):
+         key_scale, value_mean, value_scale, per_layer, calib_windows, retrieval_windows, seed, as_json):
     family = get_family(family).name
     key_w, value_w = parse_kv_bits(kv_bits)
     if min(key_w, value_w) < MIN_WIDTH:
@@ -86,7 +89,7 @@ def main(family, kv_bits, checkpoint, calib_text, backend, output, oblivious, si
     else:
         opts = CalibrationOptions(key_mean=key_mean, key_scale=key_scale, value_mean=value_mean,
                                   value_scale=value_scale, sink_tokens=sink_tokens, per_layer=per_layer,
-                                  windows=calib_windows, seed=seed)
+                                  windows=calib_windows, retrieval_windows=retrieval_windows, seed=seed)
         table = calibrate(loaded, text, tag, opts, source=source, progress=not as_json)
     manifest = write_engine(output, family, checkpoint, backend, table)
     if as_json:
