@@ -581,9 +581,7 @@ tq_status attention(const char* name, int max_q_len, const tq_paged_cache* cache
                     float softmax_scale, void* workspace, size_t ws_bytes, tq_stream stream) {
   AttnArgs a{};
   TQ_TRY(make_cache_view(cache, &a.cache));
-  if (new_k || new_v) {
-    if (!new_k || !new_v)
-      return fail(TQ_ERR_NULL_POINTER, "%s: k_new and v_new must not be NULL", name);
+  if (new_k) {  // tq_decode_attention_append has checked that both are given
     if (reinterpret_cast<uintptr_t>(new_k) % 4 || reinterpret_cast<uintptr_t>(new_v) % 4)
       return fail(TQ_ERR_MISALIGNED, "%s: k_new and v_new must be 4-byte aligned", name);
     if (new_stride < int64_t(a.cache.num_kv_heads) * a.cache.codec[0].head_dim)

@@ -70,7 +70,7 @@ __device__ inline int run_position(const PageShape& s, int c) {
 
 // KG, VG: groups of the key and value codecs.
 template <int D, int KG, int VG, typename T>
-__global__ void __launch_bounds__(32 * kPrefillWarps, 1) prefill_kernel(AttnArgs a) {
+__global__ void __launch_bounds__(32 * kPrefillWarps, kPrefillCtasPerSm) prefill_kernel(AttnArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int LD = D + kPad;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;

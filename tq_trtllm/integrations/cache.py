@@ -23,9 +23,9 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from .. import kernels
 from ..calibration.table import KVTable
-from ..kernels.ops import MAX_DECODE_Q_LEN
 from ..core.errors import TQError
 from ..core.paged import PagedLayerCache
+from ..kernels.ops import MAX_DECODE_Q_LEN
 
 TOKENS_PER_BLOCK = 16
 BACKENDS = ("auto", "kernels", "reference")
@@ -64,7 +64,7 @@ class TurboQuantLayer(DynamicLayer):
         self.length = 0
         self.uses_kernels = False
         self._kernel_cache = None  # kernels.KernelCache of the current pools and block table
-        self._pending = None  # a decode step's rows [batch, n, H, d] for the fused append
+        self._pending = None  # a decode step's (k, v) [batch, H, n, d] for the fused append
         self.is_initialized = False
 
     def lazy_initialization(self, key_states, value_states=None) -> None:
@@ -95,7 +95,7 @@ class TurboQuantLayer(DynamicLayer):
         first = start + exact - self.sink_tokens
         if self.uses_kernels and not exact and steps <= MAX_DECODE_Q_LEN:
             self._reserve(first + steps)
-            self._pending = tuple(x.transpose(1, 2) for x in (key_states, value_states))
+            self._pending = (key_states, value_states)
         elif steps > exact:
             self._append(key_states[:, :, exact:], value_states[:, :, exact:], first)
         self.length = start + steps
@@ -128,13 +128,13 @@ class TurboQuantLayer(DynamicLayer):
         """The held-back rows (k, v) [batch, n, H, d] of the last n packed positions, or None; the
         caller writes them (the fused append)."""
         pending, self._pending = self._pending, None
-        return pending
+        return None if pending is None else tuple(x.transpose(1, 2) for x in pending)
 
     def _flush(self) -> None:
-        pending = self.take_pending()
-        if pending is not None:
-            n = pending[0].shape[1]
-            self._append(*(x.transpose(1, 2) for x in pending), self.packed_length - n)
+        if self._pending is not None:
+            k, v = self._pending
+            self._pending = None
+            self._append(k, v, self.packed_length - k.shape[2])
 
     def _reserve(self, tokens: int) -> None:
         """Blocks for `tokens` packed positions per sequence; block i of sequence b is chunk i*batch+b.

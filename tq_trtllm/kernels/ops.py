@@ -167,8 +167,8 @@ def _attention(fn_name: str, kc: KernelCache, q: torch.Tensor, kv_lens: torch.Te
                             or not lse.is_contiguous() or lse.device != q.device):
         raise TQError(f"lse must be a contiguous float32 [{batch}, {q_len}, {hq}] tensor on "
                       f"{q.device}, got {lse.dtype} {list(lse.shape)} on {lse.device}")
-    rows = () if new is None else _new_rows(kc, new, batch, q_len)
-    appended = () if new is None else (rows[0].data_ptr(), rows[1].data_ptr(), rows[0].stride(0))
+    rows = () if new is None else _new_rows(kc, new, q)
+    appended = (rows[0].data_ptr(), rows[1].data_ptr(), rows[0].stride(0)) if rows else ()
     need = workspace_bytes(batch, q_len, hq, kc.cache.num_kv_heads, d, max_kv_len)
     if workspace is None:
         workspace = torch.empty(need, dtype=torch.uint8, device=q.device)
@@ -181,11 +181,16 @@ def _attention(fn_name: str, kc: KernelCache, q: torch.Tensor, kv_lens: torch.Te
     return out
 
 
-def _new_rows(kc: KernelCache, new: tuple[torch.Tensor, torch.Tensor], batch: int,
-              q_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(k, v) [batch, q_len, num_kv_heads, head_dim] as [batch * q_len, heads, head_dim] rows."""
+def _new_rows(kc: KernelCache, new: tuple[torch.Tensor, torch.Tensor],
+              q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fused append's (k, v), each [batch, q_len, num_kv_heads, head_dim] in q's dtype, as
+    [batch * q_len, heads, head_dim] rows."""
     _check_unbiased(kc, "decode_attention(append=...)")
+    batch, q_len = q.shape[:2]
     h, d = kc.cache.num_kv_heads, kc.head_dim
+    if any(x.dtype != q.dtype for x in new):
+        raise TQError(f"append's k and v must have q's dtype {q.dtype}, got "
+                      f"{new[0].dtype} and {new[1].dtype}")
     rows = []
     for name, x in zip("kv", new):
         if x.shape != (batch, q_len, h, d):
@@ -193,8 +198,8 @@ def _new_rows(kc: KernelCache, new: tuple[torch.Tensor, torch.Tensor], batch: in
         x = x.reshape(batch * q_len, h, d)  # a view where the strides allow
         _check_rows(name, x, h, d)
         rows.append(x)
-    if rows[0].dtype != rows[1].dtype or rows[0].stride(0) != rows[1].stride(0):
-        raise TQError("append's k and v must share dtype and token stride")
+    if rows[0].stride(0) != rows[1].stride(0):
+        raise TQError("append's k and v must share their token stride")
     return rows[0], rows[1]
 
 
@@ -211,8 +216,6 @@ def decode_attention(kc: KernelCache, q: torch.Tensor, kv_lens: torch.Tensor, ma
     at those positions (tq_decode_attention_append: the quantize-append fused into the attention
     launch). Returns out.
     """
-    if append is not None and append[0].dtype != q.dtype:
-        raise TQError(f"append's k and v must have q's dtype {q.dtype}, got {append[0].dtype}")
     name = "tq_decode_attention" if append is None else "tq_decode_attention_append"
     return _attention(name, kc, q, kv_lens, max_kv_len, softmax_scale, out, workspace, lse, append)
 
