@@ -4,13 +4,13 @@
 // Query rows are the q_len x group query vectors that share one KV head (row = token * group +
 // head in group), so every KV byte loaded serves the whole GQA group. The rows are rotated once
 // into the keys' domain (FORMAT.md "Attention never needs step 5"), softmax scale and log2(e)
-// folded in, and held in registers as fp16 mma B fragments. Each warp streams 16-token tiles of
+// folded in, and held in registers as fp16 mma B fragments. Each warp streams 32-token tiles of
 // the split (cp.async into shared memory, kStages deep), decodes codes to fp16 centroids in
 // registers with byte-permute look-up tables (tile_decode.cuh), and computes the transposed
-// products S^T = K Q^T and O^T += V^T P^T on tensor cores with an online softmax in base 2: tokens
-// and value dims are the mma's M (16), query rows its N (8 per row tile), so a decode step of up to
-// 8 rows (GQA group x q_len) wastes no tensor-core rows, and the decoded codes, as A fragments,
-// serve every row tile. Norms multiply the scores (keys) and the probabilities (values), so
+// products S^T = K Q^T and O^T += V^T P^T on tensor cores, 16 tokens per mma, with one online
+// softmax step in base 2 per 32 tokens: tokens and value dims are the mma's M (16), query rows its
+// N (8 per row tile), so a decode step of up to 8 rows (GQA group x q_len) wastes no tensor-core
+// rows, and the decoded codes, as A fragments, serve every row tile. Norms multiply the scores (keys) and the probabilities (values), so
 // centroids are decoded unscaled. The 4 warps' states are combined and written as one partial
 // state per split.
 // Equal integer K/V widths 2, 3 and 4 get kernels whose tile offsets and widths are compile-time
@@ -21,7 +21,6 @@
 // (inverse Hadamard, signs, un-permutation, value scale), adds the value mean and, if asked, writes
 // the row's log-sum-exp.
 #include <algorithm>
-#include <climits>
 #include <cmath>
 
 #include "attention_common.cuh"
@@ -31,7 +30,7 @@ namespace tq {
 namespace {
 
 constexpr int kWarps = 4;
-constexpr int kStages = 4;   // cp.async stages per warp: tiles in flight while one is computed
+constexpr int kStages = 3;   // cp.async stages per warp: kChunk-token tiles in flight while one is computed
 // Query-row n tiles (8 rows each) of the split kernel: 1 when every row of the call fits in 8,
 // else 2. Twice the query fragments and accumulators leave room for fewer CTAs per SM.
 constexpr int row_ntiles(int rows) { return rows <= 8 ? 1 : 2; }
@@ -49,7 +48,7 @@ __host__ __device__ inline SmemPlan smem_plan(const PageShape& kt, const PageSha
   SmemPlan p{};
   p.q_half = 0;                                      // __half[16][D + 8]
   p.tables = kRows * (D + 8) * 2;                    // ByteTables[2][2]: K, V codebooks
-  p.stages = p.tables + 2 * TQ_MAX_GROUPS * int(sizeof(ByteTables));  // per warp: kStages x (K, V tile)
+  p.stages = p.tables + 2 * TQ_MAX_GROUPS * int(sizeof(ByteTables));  // per warp: kStages x (K, V chunk)
   p.stage_bytes = kt.page_bytes + vt.page_bytes;
   const int loop_bytes = p.stages + kWarps * kStages * p.stage_bytes;
   p.combine = 0;                                     // float O[4][16][D], float2 ml[4][16]
@@ -58,12 +57,12 @@ __host__ __device__ inline SmemPlan smem_plan(const PageShape& kt, const PageSha
   return p;
 }
 
-// The 16-token tile shape of a codec: computed at compile time when the kernel is specialized for
-// the width (B = bits of group 0), so that every offset and width below is a constant; else the
-// runtime shape.
+// The kChunk-token tile shape of a codec: computed at compile time when the kernel is specialized
+// for the width (B = bits of group 0), so that every offset and width below is a constant; else
+// the runtime shape.
 template <int D, int G, int B>
 __device__ inline PageShape tile_shape(const PageShape& runtime) {
-  if constexpr (B > 0) return page_shape(D, G, B, G == 2 ? B - 1 : B, kTile);
+  if constexpr (B > 0) return page_shape(D, G, B, G == 2 ? B - 1 : B, kChunk);
   else return runtime;
 }
 
@@ -76,20 +75,15 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
   const int g4 = lane >> 2, tig = lane & 3;
   const int split = blockIdx.x, kvh = blockIdx.y;
   const int b = blockIdx.z / a.row_tiles, rt = blockIdx.z % a.row_tiles;
-  const int heads = a.cache.num_kv_heads;
-  const PageShape kt = tile_shape<D, KG, KB>(a.tile[0]);
-  const PageShape vt = tile_shape<D, VG, VB>(a.tile[1]);
+  const PageShape kt = tile_shape<D, KG, KB>(a.chunk[0]);
+  const PageShape vt = tile_shape<D, VG, VB>(a.chunk[1]);
   const SmemPlan plan = smem_plan<D>(kt, vt);
   __half* q_s = reinterpret_cast<__half*>(smem + plan.q_half);
   ByteTables* tables = reinterpret_cast<ByteTables*>(smem + plan.tables);  // [kv * 2 + group]
 
-  const int L = max(0, min(a.kv_lens[b], a.max_kv_len));
-  // This CTA's rows, and the last position any of them may see (causal).
   const int row0 = rt * kRows;
-  const int last_row = min(a.rows, row0 + kRows) - 1;
-  const int visible_end = L - a.q_len + last_row / a.group + 1;
-  const int split_begin = split * a.split_tokens;
-  const int split_end = min(min(L, visible_end), split_begin + a.split_tokens);
+  const CtaKeys keys = cta_keys(a, b, split, row0, kRows);
+  const int L = keys.len, split_begin = keys.begin, split_end = keys.end;
 
   // --- Prologue: the fused append (tq_decode_attention_append): the new tokens that fall in this
   // split, encoded before any warp copies a tile (the barrier below orders the writes first);
@@ -139,18 +133,13 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
       }
     }
 
-  // Causal limit of this thread's rows 8nr + 2tig + j. Padding rows are never written out, so
-  // they need no limit. Tokens before full_end are inside the split and visible to every row:
-  // tiles that end there skip the mask.
+  // Causal limits of this thread's rows 8nr + 2tig + j; tiles that end before keys.full_end skip
+  // the mask.
   int limit[NR][2];
 #pragma unroll
   for (int nr = 0; nr < NR; ++nr)
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int r = row0 + 8 * nr + 2 * tig + j;
-      limit[nr][j] = r < a.rows ? L - a.q_len + r / a.group : INT_MAX;
-    }
-  const int full_end = min(split_end, L - a.q_len + row0 / a.group + 1);
+    for (int j = 0; j < 2; ++j) limit[nr][j] = causal_limit(a, L, row0 + 8 * nr + 2 * tig + j);
 
   constexpr int VCNT = D / VG / 8;  // value coordinates per thread per token and group
   constexpr int MT = D / 16;        // output m tiles: VCNT / 2 per group
@@ -164,30 +153,54 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
   for (int nr = 0; nr < NR; ++nr) m_run[nr][0] = m_run[nr][1] = -INFINITY, l_run[nr][0] = l_run[nr][1] = 0.0f;
 
   uint8_t* stage0 = smem + plan.stages + warp * kStages * plan.stage_bytes;
-  const int tiles = split_end > split_begin ? (split_end - split_begin + kTile - 1) / kTile : 0;
-  const int page_tiles = a.cache.tokens / kTile;
-  // Chunk indices and page slots of this warp's next 32 tiles, one per lane, from the block table
-  // in one go (the divisions by T happen here, once per 32 tiles).
-  int window_k = -1, window_v = -1, window_slot = 0;
-  uint32_t staged = 0;  // bit (i % kStages): tile i was staged (its pages exist)
+  const int page_tokens = a.cache.tokens;
+  const int chunks = split_end > split_begin ? (split_end - split_begin + kChunk - 1) / kChunk : 0;
+  // Chunk indices and page slot of this warp's next 32 tiles, one per lane, from the block table in
+  // one go (the divisions by T happen here, once per 32 tiles). A tile that crosses a block
+  // boundary (T not a multiple of kChunk) does so at its half: its second half is slots 0..15 of
+  // the next block (chunk indices window_k2, window_v2).
+  int window_k = -1, window_v = -1, window_k2 = -1, window_v2 = -1, window_slot = 0;
+  uint32_t staged = 0;  // bits 2 (i % kStages) + h: half h of tile i was staged (its pages exist)
   auto stage = [&](int i) {  // issues the copies of this warp's i-th tile (uniform over the warp)
     if (i % 32 == 0) {
-      const int pos = split_begin + (warp + (i + lane) * kWarps) * kTile;
+      const int pos = split_begin + (warp + (i + lane) * kWarps) * kChunk;
+      const int block = pos / page_tokens;
       const bool in_split = pos < split_end;
-      const int block = pos / a.cache.tokens;
       window_k = in_split ? chunk_of(a.cache, b, 0, block) : -1;
       window_v = in_split ? chunk_of(a.cache, b, 1, block) : -1;
-      window_slot = pos - block * a.cache.tokens;
+      window_slot = pos - block * page_tokens;
+      const bool cross = window_slot + kChunk > page_tokens && pos + kTile < split_end;
+      window_k2 = cross ? chunk_of(a.cache, b, 0, block + 1) : -1;
+      window_v2 = cross ? chunk_of(a.cache, b, 1, block + 1) : -1;
     }
     const int ck = __shfl_sync(0xffffffffu, window_k, i % 32);
     const int cv = __shfl_sync(0xffffffffu, window_v, i % 32);
     const int slot0 = __shfl_sync(0xffffffffu, window_slot, i % 32);
-    const bool ok = warp + i * kWarps < tiles && ck >= 0 && cv >= 0;
-    staged = (staged & ~(1u << (i % kStages))) | (uint32_t(ok) << (i % kStages));
-    if (!ok) return;
+    const bool live = warp + i * kWarps < chunks;
+    const bool ok = live && ck >= 0 && cv >= 0;
     uint8_t* st = stage0 + (i % kStages) * plan.stage_bytes;
-    stage_page_tile(st, page_in_chunk(a.cache, 0, ck, kvh), kt, page_tiles, slot0);
-    stage_page_tile(st + kt.page_bytes, page_in_chunk(a.cache, 1, cv, kvh), vt, page_tiles, slot0);
+    uint32_t got;
+    if (slot0 + kChunk <= page_tokens) {  // one page: both halves in one copy
+      got = ok ? 3u : 0u;
+      if (ok) {
+        stage_rows<kChunk>(st, page_in_chunk(a.cache, 0, ck, kvh), kt, page_tokens, slot0, 0, kChunk);
+        stage_rows<kChunk>(st + kt.page_bytes, page_in_chunk(a.cache, 1, cv, kvh), vt, page_tokens, slot0, 0, kChunk);
+      }
+    } else {
+      const int ck2 = __shfl_sync(0xffffffffu, window_k2, i % 32);
+      const int cv2 = __shfl_sync(0xffffffffu, window_v2, i % 32);
+      const bool ok2 = live && ck2 >= 0 && cv2 >= 0;
+      got = uint32_t(ok) | uint32_t(ok2) << 1;
+      if (ok) {
+        stage_rows<kChunk>(st, page_in_chunk(a.cache, 0, ck, kvh), kt, page_tokens, slot0, 0, kTile);
+        stage_rows<kChunk>(st + kt.page_bytes, page_in_chunk(a.cache, 1, cv, kvh), vt, page_tokens, slot0, 0, kTile);
+      }
+      if (ok2) {
+        stage_rows<kChunk>(st, page_in_chunk(a.cache, 0, ck2, kvh), kt, page_tokens, 0, kTile, kTile);
+        stage_rows<kChunk>(st + kt.page_bytes, page_in_chunk(a.cache, 1, cv2, kvh), vt, page_tokens, 0, kTile, kTile);
+      }
+    }
+    staged = (staged & ~(3u << (2 * (i % kStages)))) | got << (2 * (i % kStages));
   };
 
 #pragma unroll
@@ -195,62 +208,68 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
     stage(i);
     cp_async_commit();
   }
-  for (int it = 0; warp + it * kWarps < tiles; ++it) {
+  for (int it = 0; warp + it * kWarps < chunks; ++it) {
     stage(it + kStages - 1);
     cp_async_commit();
     cp_async_wait<kStages - 1>();
     __syncwarp();
-    const int pos0 = split_begin + (warp + it * kWarps) * kTile;
-    const bool is_staged = (staged >> (it % kStages)) & 1u;
-    const int valid = is_staged ? min(kTile, split_end - pos0) : 0;
-    const bool full = is_staged && pos0 + kTile <= full_end;  // no token masked (warp-uniform)
+    const int pos0 = split_begin + (warp + it * kWarps) * kChunk;
+    const uint32_t halves = (staged >> (2 * (it % kStages))) & 3u;
+    int valid[2];  // tokens of each half to use: staged and inside the split
+#pragma unroll
+    for (int h = 0; h < 2; ++h) valid[h] = (halves >> h) & 1u ? min(kTile, split_end - pos0 - kTile * h) : 0;
+    const bool full = halves == 3u && pos0 + kChunk <= keys.full_end;  // no token masked (warp-uniform)
     const uint8_t* kt_s = stage0 + (it % kStages) * plan.stage_bytes;
     const uint8_t* vt_s = kt_s + kt.page_bytes;
 
-    // S^T = K Q^T: element e of row tile nr is (token g4 + 8 (e / 2), row 8nr + 2tig + e % 2).
-    // This thread decodes tokens g4 and g4 + 8 (its A rows). Even and odd k steps accumulate
-    // separately: independent mma chains.
-    float s[NR][4] = {};
+    // S^T = K Q^T per half h: element e of row tile nr is (token 16h + g4 + 8 (e / 2), row 8nr +
+    // 2tig + e % 2). This thread decodes tokens 16h + g4 and 16h + g4 + 8 (its A rows). Even and
+    // odd k steps accumulate separately: independent mma chains.
+    float s[2][NR][4] = {};
 #pragma unroll
-    for (int g = 0; g < KG; ++g) {
-      float sg[NR][2][4] = {};
-      with_bits(kt.group[g].bits, [&](auto bits) {
-        constexpr int BITS = decltype(bits)::value;
-        const ByteTables table = tables[g];
-        uint32_t ka[2][KCNT / 2];
+    for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int t = 0; t < 2; ++t) {
-          CodeRun<BITS, KCNT> run;
-          run.load(kt_s, kt.group[g], g4 + 8 * t, tig);
-          decode_pairs(run, table, ka[t]);
+      for (int g = 0; g < KG; ++g) {
+        float sg[NR][2][4] = {};
+        with_bits(kt.group[g].bits, [&](auto bits) {
+          constexpr int BITS = decltype(bits)::value;
+          const ByteTables table = tables[g];
+          uint32_t ka[2][KCNT / 2];
+#pragma unroll
+          for (int t = 0; t < 2; ++t) {
+            CodeRun<BITS, KCNT> run;
+            run.load(kt_s, kt.group[g], kTile * h + g4 + 8 * t, tig);
+            decode_pairs(run, table, ka[t]);
+          }
+#pragma unroll
+          for (int st = 0; st < KSTEPS; ++st) {
+            const uint32_t af[4] = {ka[0][2 * st], ka[1][2 * st], ka[0][2 * st + 1], ka[1][2 * st + 1]};
+#pragma unroll
+            for (int nr = 0; nr < NR; ++nr)
+              mma_16816(sg[nr][st & 1], af, qb[g * KSTEPS + st][nr][0], qb[g * KSTEPS + st][nr][1]);
+          }
+        });
+        const float n0 = tile_norm(kt_s, kt, g, kTile * h + g4), n1 = tile_norm(kt_s, kt, g, kTile * h + g4 + 8);
+#pragma unroll
+        for (int nr = 0; nr < NR; ++nr) {
+          s[h][nr][0] += (sg[nr][0][0] + sg[nr][1][0]) * n0;
+          s[h][nr][1] += (sg[nr][0][1] + sg[nr][1][1]) * n0;
+          s[h][nr][2] += (sg[nr][0][2] + sg[nr][1][2]) * n1;
+          s[h][nr][3] += (sg[nr][0][3] + sg[nr][1][3]) * n1;
         }
-#pragma unroll
-        for (int st = 0; st < KSTEPS; ++st) {
-          const uint32_t af[4] = {ka[0][2 * st], ka[1][2 * st], ka[0][2 * st + 1], ka[1][2 * st + 1]};
-#pragma unroll
-          for (int nr = 0; nr < NR; ++nr)
-            mma_16816(sg[nr][st & 1], af, qb[g * KSTEPS + st][nr][0], qb[g * KSTEPS + st][nr][1]);
-        }
-      });
-      const float n0 = tile_norm(kt_s, kt, g, g4), n1 = tile_norm(kt_s, kt, g, g4 + 8);
-#pragma unroll
-      for (int nr = 0; nr < NR; ++nr) {
-        s[nr][0] += (sg[nr][0][0] + sg[nr][1][0]) * n0;
-        s[nr][1] += (sg[nr][0][1] + sg[nr][1][1]) * n0;
-        s[nr][2] += (sg[nr][0][2] + sg[nr][1][2]) * n1;
-        s[nr][3] += (sg[nr][0][3] + sg[nr][1][3]) * n1;
       }
-    }
     // Mask (beyond the split or the staged tokens, or after the row's own position) where a token
-    // can be masked, then the online softmax; a row's 16 scores lie across the 8 lanes of its tig.
+    // can be masked, then the online softmax; a row's 32 scores lie across the 8 lanes of its tig.
     if (!full) {
 #pragma unroll
-      for (int nr = 0; nr < NR; ++nr)
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int tok = g4 + 8 * (e >> 1);
-          if (tok >= valid || pos0 + tok > limit[nr][e & 1]) s[nr][e] = -INFINITY;
-        }
+        for (int nr = 0; nr < NR; ++nr)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int tok = g4 + 8 * (e >> 1);
+            if (tok >= valid[h] || pos0 + kTile * h + tok > limit[nr][e & 1]) s[h][nr][e] = -INFINITY;
+          }
     }
     float m_use[NR][2], alpha[NR][2];
     bool moved = false;
@@ -258,7 +277,7 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
     for (int nr = 0; nr < NR; ++nr)
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        float mx = fmaxf(s[nr][j], s[nr][j + 2]);
+        float mx = fmaxf(fmaxf(s[0][nr][j], s[0][nr][j + 2]), fmaxf(s[1][nr][j], s[1][nr][j + 2]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
@@ -278,54 +297,54 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
 #pragma unroll
           for (int e = 0; e < 4; ++e) o[mt][nr][e] *= alpha[nr][e & 1];
     }
-    float p[NR][4];
-#pragma unroll
-    for (int nr = 0; nr < NR; ++nr)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        p[nr][e] = fast_exp2(s[nr][e] - m_use[nr][e & 1]);
-        l_run[nr][e & 1] += p[nr][e];
-      }
 
-    // O^T += V^T P^T. The probabilities times their tokens' value norms, fp16, are two 8x8 blocks
-    // (tokens x rows) per row tile: transposed, they are the B fragment (rows x tokens). This
-    // thread decodes tokens 2tig, 2tig+1, 2tig+8, 2tig+9 (its A columns), run g4 of each group;
-    // m tile i of the group takes run slots 2i (A row g4) and 2i + 1 (A row g4 + 8).
+    // O^T += V^T P^T per half h. The probabilities times their tokens' value norms, fp16, are two
+    // 8x8 blocks (tokens x rows) per row tile: transposed, they are the B fragment (rows x tokens).
+    // This thread decodes tokens 16h + 2tig, 2tig+1, 2tig+8, 2tig+9 (its A columns), run g4 of each
+    // group, two tokens at a time (decode_token_pairs gives the A fragments' token pairs); m tile i
+    // of the group takes run slots 2i (A row g4) and 2i + 1 (A row g4 + 8).
 #pragma unroll
-    for (int g = 0; g < VG; ++g) {
-      float nv[2];
+    for (int h = 0; h < 2; ++h) {
+      float p[NR][4];
 #pragma unroll
-      for (int t = 0; t < 2; ++t)  // unstaged slots may hold anything, even NaN: zero their norms
-        nv[t] = full || g4 + 8 * t < valid ? tile_norm(vt_s, vt, g, g4 + 8 * t) : 0.0f;
-      uint32_t pb[NR][2];
+      for (int nr = 0; nr < NR; ++nr)
 #pragma unroll
-      for (int nr = 0; nr < NR; ++nr) {
-        pb[nr][0] = transpose_8x8(pack_float2(p[nr][0] * nv[0], p[nr][1] * nv[0]));
-        pb[nr][1] = transpose_8x8(pack_float2(p[nr][2] * nv[1], p[nr][3] * nv[1]));
+        for (int e = 0; e < 4; ++e) {
+          p[nr][e] = fast_exp2(s[h][nr][e] - m_use[nr][e & 1]);
+          l_run[nr][e & 1] += p[nr][e];
+        }
+#pragma unroll
+      for (int g = 0; g < VG; ++g) {
+        float nv[2];
+#pragma unroll
+        for (int t = 0; t < 2; ++t)  // unstaged slots may hold anything, even NaN: zero their norms
+          nv[t] = full || g4 + 8 * t < valid[h] ? tile_norm(vt_s, vt, g, kTile * h + g4 + 8 * t) : 0.0f;
+        uint32_t pb[NR][2];
+#pragma unroll
+        for (int nr = 0; nr < NR; ++nr) {
+          pb[nr][0] = transpose_8x8(pack_float2(p[nr][0] * nv[0], p[nr][1] * nv[0]));
+          pb[nr][1] = transpose_8x8(pack_float2(p[nr][2] * nv[1], p[nr][3] * nv[1]));
+        }
+        with_bits(vt.group[g].bits, [&](auto bits) {
+          constexpr int BITS = decltype(bits)::value;
+          const ByteTables table = tables[2 + g];
+          uint32_t vp[2][VCNT];  // tokens (2tig, 2tig+1) and (2tig+8, 2tig+9), slot by slot
+#pragma unroll
+          for (int t = 0; t < 2; ++t) {
+            CodeRun<BITS, VCNT> ra, rb;
+            ra.load(vt_s, vt.group[g], kTile * h + 2 * tig + 8 * t, g4);
+            rb.load(vt_s, vt.group[g], kTile * h + 2 * tig + 8 * t + 1, g4);
+            decode_token_pairs(ra, rb, table, vp[t]);
+          }
+#pragma unroll
+          for (int i = 0; i < VCNT / 2; ++i) {
+            const uint32_t af[4] = {vp[0][2 * i], vp[0][2 * i + 1], vp[1][2 * i], vp[1][2 * i + 1]};
+#pragma unroll
+            for (int nr = 0; nr < NR; ++nr)
+              mma_16816(o[g * (VCNT / 2) + i][nr], af, pb[nr][0], pb[nr][1]);
+          }
+        });
       }
-      with_bits(vt.group[g].bits, [&](auto bits) {
-        constexpr int BITS = decltype(bits)::value;
-        const ByteTables table = tables[2 + g];
-        const int toks[4] = {2 * tig, 2 * tig + 1, 2 * tig + 8, 2 * tig + 9};
-        uint32_t vb[4][VCNT / 2];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          CodeRun<BITS, VCNT> run;
-          run.load(vt_s, vt.group[g], toks[i], g4);
-          decode_pairs(run, table, vb[i]);
-        }
-        // pair the tokens' fp16 values by prmt: low halves are slot 2i, high halves slot 2i + 1
-#pragma unroll
-        for (int i = 0; i < VCNT / 2; ++i) {
-          const uint32_t af[4] = {byte_perm(vb[0][i], vb[1][i], 0x5410u),
-                                  byte_perm(vb[0][i], vb[1][i], 0x7632u),
-                                  byte_perm(vb[2][i], vb[3][i], 0x5410u),
-                                  byte_perm(vb[2][i], vb[3][i], 0x7632u)};
-#pragma unroll
-          for (int nr = 0; nr < NR; ++nr)
-            mma_16816(o[g * (VCNT / 2) + i][nr], af, pb[nr][0], pb[nr][1]);
-        }
-      });
     }
     __syncwarp();
   }
@@ -364,7 +383,6 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
         ml_s[warp * kRows + 8 * nr + 2 * tig + j] = make_float2(m_run[nr][j], l_run[nr][j]);
   }
   __syncthreads();
-  const int64_t row_base = (int64_t(b) * heads + kvh) * a.row_tiles * kRows + row0;
   for (int i = threadIdx.x; i < 8 * NR * D; i += 32 * kWarps) {
     const int row = i / D, dim = i % D;
     if (row0 + row >= a.rows) continue;
@@ -379,7 +397,7 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
       acc += wgt * o_s[(w * kRows + row) * D + dim];
       l_all += wgt * ml.y;
     }
-    const int64_t slot = (row_base + row) * a.num_splits + split;
+    const int64_t slot = ws_slot(a, b, kvh, row0 + row, split);
     a.ws_o[slot * D + dim] = acc;
     if (dim == 0) a.ws_ml[slot] = make_float2(m_all, l_all);
   }
@@ -408,7 +426,7 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(AttnArgs a, int
   const int r = int(item % a.rows);
   const int kvh = int(item / a.rows % heads);
   const int b = int(item / a.rows / heads);
-  const int64_t base = ((int64_t(b) * heads + kvh) * a.row_tiles * kRows + r) * a.num_splits;
+  const int64_t base = ws_slot(a, b, kvh, r, 0);
   // Launched early (programmatic dependent launch): wait until the split pass's writes are visible.
   asm volatile("griddepcontrol.wait;" ::: "memory");
   // The splits' running maxima, read by all threads at once.
@@ -513,8 +531,9 @@ SplitPlan plan_splits(int batch, int q_len, int group, int num_kv_heads, int max
     if (n >= 4 * slots) break;
   }
   const int per = (len + best - 1) / best;
-  // a multiple of both passes' steps: 4 warps x 16 tokens, and 64 tokens
-  p.split_tokens = (per + kWarps * kTile - 1) / (kWarps * kTile) * (kWarps * kTile);
+  // a multiple of both passes' steps: 4 warps x 32 tokens (the split pass), 128 tokens (prefill)
+  static_assert(kWarps * kChunk % kTile == 0);
+  p.split_tokens = (per + kWarps * kChunk - 1) / (kWarps * kChunk) * (kWarps * kChunk);
   p.num_splits = (len + p.split_tokens - 1) / p.split_tokens;
   return p;
 }
@@ -540,7 +559,7 @@ void (*split_kernel_for(const CacheView& c))(AttnArgs) {
 
 template <int D, typename T>
 tq_status launch_split_pass(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
-  const SmemPlan plan = smem_plan<D>(a.tile[0], a.tile[1]);
+  const SmemPlan plan = smem_plan<D>(a.chunk[0], a.chunk[1]);
   auto kernel = row_ntiles(a.rows) == 1 ? split_kernel_for<D, 1, T>(a.cache)
                                          : split_kernel_for<D, 2, T>(a.cache);
   if (plan.total > 48 * 1024 &&
@@ -622,8 +641,10 @@ tq_status attention(const char* name, int max_q_len, const tq_paged_cache* cache
                 ws_bytes, workspace ? "" : " (NULL)");
   if (reinterpret_cast<uintptr_t>(workspace) % 16)
     return fail(TQ_ERR_MISALIGNED, "%s: the workspace must be 16-byte aligned", name);
-  a.tile[0] = relayout(a.cache.codec[0], kTile);
-  a.tile[1] = relayout(a.cache.codec[1], kTile);
+  for (int kv = 0; kv < 2; ++kv) {
+    a.tile[kv] = relayout(a.cache.codec[kv], kTile);
+    a.chunk[kv] = relayout(a.cache.codec[kv], kChunk);
+  }
   a.q = q;
   a.out = out;
   a.lse = lse;

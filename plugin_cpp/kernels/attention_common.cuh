@@ -1,10 +1,12 @@
 // attention_common.cuh: what the two attention passes over the packed cache share (attention.cu:
 // the split pass for decode and short chunks, the merge pass and the C ABI; prefill_attention.cu:
-// the pass for long chunks): the call's arguments and workspace layout, staging of 16-token page
-// tiles, the query rotation and the codebook look-up tables.
+// the pass for long chunks): the call's arguments and workspace layout, the key range and causal
+// limits of a CTA, staging of page tiles, the query rotation and the codebook look-up tables.
 #pragma once
 
 #include <cuda_runtime.h>
+
+#include <climits>
 
 #include "cache.h"
 #include "device_common.cuh"
@@ -14,7 +16,8 @@
 
 namespace tq {
 
-constexpr int kTile = 16;  // tokens per staged page tile
+constexpr int kTile = 16;  // tokens per staged page tile of the prefill pass, per mma of the split pass
+constexpr int kChunk = 32;  // tokens per staged tile (one warp iteration) of the split pass
 constexpr int kRows = 16;  // query rows per row tile of the workspace
 constexpr float kLog2e = 1.4426950408889634f;
 // Query rows per KV head above which tq_prefill_attention runs the prefill pass (256-row CTAs that
@@ -28,7 +31,8 @@ constexpr int kPrefillCtasPerSm = 1;
 // head in group.
 struct AttnArgs {
   CacheView cache;
-  CodecLayout tile[2];  // K and V laid out for a 16-token staging tile
+  PageShape tile[2];    // K and V laid out for a kTile-token staging tile (prefill pass)
+  PageShape chunk[2];   // ... for a kChunk-token staging tile (split pass)
   const void* q;
   void* out;
   float* lse;           // [batch][q_len][num_q_heads] natural-log log-sum-exp, or null
@@ -51,23 +55,26 @@ __device__ inline void copy_chunks(uint8_t* dst, const uint8_t* src, int chunks,
     if (i + lane < chunks) cp_async_16(dst + 16 * (i + lane), src + 16 * (i + lane));
 }
 
-// Copies tokens [slot0, slot0 + 16) of a page into a 16-token tile with the same codec layout.
-// Every plane and the norms are [tokens][row] arrays, so an offset in a page of T tokens is the
-// tile's offset times page_tiles = T / 16 and the row sizes are equal: only the tile shape `tl`
-// (a compile-time constant in the specialized kernels) is needed, no page shape.
-__device__ inline void stage_page_tile(uint8_t* tile, const uint8_t* page, const PageShape& tl,
-                                       int page_tiles, int slot0) {
+// Copies `rows` tokens, slots [slot0, slot0 + rows) of a page of T tokens, into rows [row0, row0 +
+// rows) of a staging tile of TT tokens with the same codec layout. Every plane
+// and the norms are [tokens][row] arrays, so an array's offset in a page is its offset in the tile
+// divided by TT, times T, and the row sizes are equal: only the tile shape `tl` (a compile-time
+// constant in the specialized kernels) is needed, no page shape. rows, slot0 and row0 are multiples
+// of 16, so every copy is a whole number of aligned 16-byte chunks.
+template <int TT>
+__device__ inline void stage_rows(uint8_t* tile, const uint8_t* page, const PageShape& tl, int T,
+                                  int slot0, int row0, int rows) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int g = 0; g < tl.num_groups; ++g) {
     const GroupLayout& tg = tl.group[g];
-    copy_chunks(tile + tg.lo_off, page + tg.lo_off * page_tiles + slot0 * tg.lo_row_bytes,
-                kTile * tg.lo_row_bytes / 16, lane);
+    copy_chunks(tile + tg.lo_off + row0 * tg.lo_row_bytes,
+                page + tg.lo_off / TT * T + slot0 * tg.lo_row_bytes, rows * tg.lo_row_bytes / 16, lane);
     if (tg.hi_row_bytes)
-      copy_chunks(tile + tg.hi_off, page + tg.hi_off * page_tiles + slot0 * tg.hi_row_bytes,
-                  kTile * tg.hi_row_bytes / 16, lane);
-    const int norms = tl.norm_off + g * kTile * 2;  // 16 fp16 norms = 2 chunks
-    copy_chunks(tile + norms, page + norms * page_tiles + slot0 * 2, 2, lane);
+      copy_chunks(tile + tg.hi_off + row0 * tg.hi_row_bytes,
+                  page + tg.hi_off / TT * T + slot0 * tg.hi_row_bytes, rows * tg.hi_row_bytes / 16, lane);
+    copy_chunks(tile + tl.norm_off + (g * TT + row0) * 2, page + tl.norm_off / TT * T + (g * T + slot0) * 2,
+                rows * 2 / 16, lane);
   }
 }
 
@@ -77,6 +84,32 @@ __device__ inline float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+
+// The keys a CTA of query rows [row0, row0 + cta_rows) reads in its split: [begin, end), cut at
+// the sequence's length `len` and after the last position any of its rows may see (causal);
+// tokens before full_end are visible to every one of its rows (no mask needed there).
+struct CtaKeys {
+  int len, begin, end, full_end;
+};
+__device__ inline CtaKeys cta_keys(const AttnArgs& a, int b, int split, int row0, int cta_rows) {
+  CtaKeys k;
+  k.len = max(0, min(a.kv_lens[b], a.max_kv_len));
+  const int last_row = min(a.rows, row0 + cta_rows) - 1;
+  k.begin = split * a.split_tokens;
+  k.end = min(min(k.len, k.len - a.q_len + last_row / a.group + 1), k.begin + a.split_tokens);
+  k.full_end = min(k.end, k.len - a.q_len + row0 / a.group + 1);
+  return k;
+}
+
+// The last position query row r may see; padding rows (r >= rows) are never written out: no limit.
+__device__ inline int causal_limit(const AttnArgs& a, int len, int r) {
+  return r < a.rows ? len - a.q_len + r / a.group : INT_MAX;
+}
+
+// The workspace slot of query row r's partial state in split `split` (AttnArgs::ws_o, ws_ml).
+__host__ __device__ inline int64_t ws_slot(const AttnArgs& a, int b, int kvh, int r, int split) {
+  return ((int64_t(b) * a.cache.num_kv_heads + kvh) * a.row_tiles * kRows + r) * a.num_splits + split;
 }
 
 // Query row r rotated into the keys' domain (FORMAT.md "Attention never needs step 5"): key scale,
@@ -121,7 +154,7 @@ __device__ inline void fill_byte_tables(ByteTables* tables, const CacheView& cac
 }
 
 __device__ inline float tile_norm(const uint8_t* tile, const PageShape& tl, int g, int token) {
-  return __half2float(reinterpret_cast<const __half*>(tile + tl.norm_off)[g * kTile + token]);
+  return __half2float(reinterpret_cast<const __half*>(tile + tl.norm_off)[g * tl.tokens + token]);
 }
 
 // The prefill pass (prefill_attention.cu) writes one partial state per split of every query row,

@@ -17,8 +17,6 @@
 // decode_pairs emits in run_slot_coord order, so stored position p holds coordinate
 // run_coord(p). The query is stored in the same order and the output scattered back by it.
 // Each split writes the partial state the merge pass (attention.cu) finishes, as the split pass does.
-#include <climits>
-
 #include "attention_common.cuh"
 #include "errors.h"
 
@@ -88,11 +86,8 @@ __global__ void __launch_bounds__(32 * kPrefillWarps, kPrefillCtasPerSm) prefill
   ByteTables* tables = reinterpret_cast<ByteTables*>(smem + plan.tables);
   int* staged_s = reinterpret_cast<int*>(smem + plan.flags);  // [step % 2][tile]: staged
 
-  const int L = max(0, min(a.kv_lens[b], a.max_kv_len));
-  const int last_row = min(a.rows, row0 + kPrefillRows) - 1;
-  const int visible_end = L - a.q_len + last_row / a.group + 1;
-  const int split_begin = split * a.split_tokens;
-  const int split_end = min(min(L, visible_end), split_begin + a.split_tokens);
+  const CtaKeys keys = cta_keys(a, b, split, row0, kPrefillRows);
+  const int split_begin = keys.begin, split_end = keys.end;
 
   // --- Prologue: the rotated query rows, in run order, in shared memory; the tables. ---
   for (int rr = warp; rr < kPrefillRows; rr += kPrefillWarps) {
@@ -105,18 +100,14 @@ __global__ void __launch_bounds__(32 * kPrefillWarps, kPrefillCtasPerSm) prefill
   fill_byte_tables(tables, a.cache);
   __syncthreads();  // the first decode reads the tables (the query rows wait for the loop's barrier)
 
-  // This thread's rows: m tile mt, half h (C-fragment row g4 + 8h). Causal limits (padding rows
-  // are never written out: no limit); tokens before full_end are visible to every row of the CTA.
+  // This thread's rows: m tile mt, half h (C-fragment row g4 + 8h), and their causal limits.
   const int wrow0 = warp * kWarpRows;
   int limit[kMTiles][2];
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = row0 + wrow0 + 16 * mt + g4 + 8 * h;
-      limit[mt][h] = r < a.rows ? L - a.q_len + r / a.group : INT_MAX;
-    }
-  const int full_end = min(split_end, L - a.q_len + row0 / a.group + 1);
+    for (int h = 0; h < 2; ++h) limit[mt][h] = causal_limit(a, keys.len, row0 + wrow0 + 16 * mt + g4 + 8 * h);
+  const int full_end = keys.full_end;
 
   // Staged tile j of a step holds 16 tokens of the keys (j < kPfTiles) or the values; warp w copies
   // and decodes tiles w, w + kPrefillWarps, ...
@@ -133,8 +124,8 @@ __global__ void __launch_bounds__(32 * kPrefillWarps, kPrefillCtasPerSm) prefill
       const int chunk = pos < split_end ? chunk_of(a.cache, b, kind, block) : -1;
       if (lane == 0) staged_s[(i % 2) * 2 * kPfTiles + j] = chunk >= 0;
       if (chunk >= 0)
-        stage_page_tile(tile_of(i, j), page_in_chunk(a.cache, kind, chunk, kvh), kind ? vt : kt,
-                        a.cache.tokens / kTile, pos - block * a.cache.tokens);
+        stage_rows<kTile>(tile_of(i, j), page_in_chunk(a.cache, kind, chunk, kvh), kind ? vt : kt,
+                          a.cache.tokens, pos - block * a.cache.tokens, 0, kTile);
     }
   };
   // Decodes this warp's staged tiles into their 16 rows of k_s or v_s and their gains; tokens past
@@ -295,7 +286,6 @@ __global__ void __launch_bounds__(32 * kPrefillWarps, kPrefillCtasPerSm) prefill
   asm volatile("griddepcontrol.launch_dependents;");
 
   // --- Epilogue: this split's partial state of each of the warp's rows. ---
-  const int heads = a.cache.num_kv_heads;
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -305,7 +295,7 @@ __global__ void __launch_bounds__(32 * kPrefillWarps, kPrefillCtasPerSm) prefill
       l += __shfl_xor_sync(0xffffffffu, l, 2);
       const int r = row0 + wrow0 + 16 * mt + g4 + 8 * h;
       if (r >= a.rows) continue;
-      const int64_t slot = ((int64_t(b) * heads + kvh) * a.row_tiles * kRows + r) * a.num_splits + split;
+      const int64_t slot = ws_slot(a, b, kvh, r, split);
 #pragma unroll
       for (int n = 0; n < D / 8; ++n)
 #pragma unroll

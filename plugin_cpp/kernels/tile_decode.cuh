@@ -1,8 +1,10 @@
 // tile_decode.cuh: fp16 centroids of a run of codes of one token, read from a staged tile (a
 // 16-token page in shared memory, laid out like any page: FORMAT.md section 5 with T = 16).
 // A thread decodes CNT consecutive coordinates of one group, starting at group coordinate
-// part * CNT: it loads the run's raw plane words (CodeRun::load), then turns them into fp16
-// centroid pairs with register look-up tables (decode_pairs), about 1.5 instructions per code.
+// part * CNT: it loads the run's raw plane words (CodeRun::load), turns them into look-up
+// selectors (slot_words), then into fp16 centroid pairs with register look-up tables
+// (decode_pairs: pairs of one token; decode_token_pairs: pairs of two tokens), about 1.5
+// instructions per code.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -44,7 +46,7 @@ struct CodeRun {
     if constexpr (BITS == 3)
       load_plane_bits<1>(tile + g.hi_off + row * g.hi_row_bytes, part * CNT, hi);
   }
-  // Code of run coordinate i (tests and reference paths; the kernels use decode_pairs).
+  // Code of run coordinate i (tests and reference paths; the kernels use slot_words).
   __host__ __device__ inline uint32_t code(int i) const {
     uint32_t c = (lo[i * kLowBits / 32] >> (i * kLowBits % 32)) & ((1u << kLowBits) - 1);
     if constexpr (BITS == 3) c |= ((hi[0] >> i) & 1u) << 2;
@@ -104,9 +106,9 @@ __host__ __device__ inline uint32_t spread_bits_2(uint32_t x, int half) {
   return (x | (x << 1)) & 0x55555555u;
 }
 
-// Which run coordinate sits in decode_pairs' slot k (pair k / 2, half k % 2). 2- and 3-bit runs
-// come out evens-then-odds per block of up to 16 codes (their nibble masks split even and odd
-// codes); 1- and 4-bit runs in order. The query (keys) and the output (values) use the same map.
+// Which run coordinate sits in slot k of a decoded run. 2- and 3-bit runs come out evens-then-odds
+// per block of up to 16 codes (their nibble masks split even and odd codes); 1- and 4-bit runs in
+// order. The query (keys) and the output (values) use the same map.
 __host__ __device__ inline int run_slot_coord(int bits, int cnt, int k) {
   if (bits != 2 && bits != 3) return k;
   const int c = cnt < 16 ? cnt : 16;
@@ -122,46 +124,75 @@ __host__ __device__ inline int run_coord_slot(int bits, int cnt, int x) {
   return x - r + (r % 2 ? c / 2 + r / 2 : r / 2);
 }
 
-// The run's CNT centroids as CNT / 2 fp16 pairs, in run_slot_coord order.
+// The run's look-up selectors: nibble k of word i is the code in slot 8i + k (each nibble < 16;
+// a run of 4 codes fills the low 16 bits only).
 template <int BITS, int CNT>
-__host__ __device__ inline void decode_pairs(const CodeRun<BITS, CNT>& run, const ByteTables& t,
-                                             uint32_t (&out)[CNT / 2]) {
+__host__ __device__ inline void slot_words(const CodeRun<BITS, CNT>& run, uint32_t (&w)[(CNT + 7) / 8]) {
   if constexpr (BITS == 4) {
 #pragma unroll
-    for (int q = 0; q < CNT / 4; ++q)
-      lookup4<4>(run.lo[q / 2] >> (16 * (q % 2)), t, out[2 * q], out[2 * q + 1]);
+    for (int i = 0; i < (CNT + 7) / 8; ++i) w[i] = run.lo[i];
   } else if constexpr (BITS == 1) {
 #pragma unroll
-    for (int q = 0; q < CNT / 4; ++q) {
-      const uint32_t b = (run.lo[0] >> (4 * q)) & 0xfu;
-      const uint32_t sel = (b & 1u) | ((b & 2u) << 3) | ((b & 4u) << 6) | ((b & 8u) << 9);
-      lookup4<1>(sel, t, out[2 * q], out[2 * q + 1]);
+    for (int i = 0; i < (CNT + 7) / 8; ++i) {  // 8 bits to 8 nibbles
+      uint32_t x = (run.lo[0] >> (8 * i)) & 0xffu;
+      x = (x | (x << 12)) & 0x000f000fu;
+      x = (x | (x << 6)) & 0x03030303u;
+      w[i] = (x | (x << 3)) & 0x11111111u;
     }
   } else {
     constexpr int C = CNT < 16 ? CNT : 16;  // codes per block (one 32-bit low-plane word at most)
     constexpr uint32_t kMask = C == 16 ? 0xffffffffu : (1u << (2 * C)) - 1u;
 #pragma unroll
     for (int blk = 0; blk < CNT / C; ++blk) {
-      const uint32_t w = run.lo[blk];
-      uint32_t even = w & 0x33333333u & kMask;         // nibble n: low bits of code 2n
-      uint32_t odd = (w >> 2) & 0x33333333u & kMask;   // nibble n: low bits of code 2n + 1
+      const uint32_t lo = run.lo[blk];
+      uint32_t even = lo & 0x33333333u & kMask;        // nibble n: low bits of code 2n
+      uint32_t odd = (lo >> 2) & 0x33333333u & kMask;  // nibble n: low bits of code 2n + 1
       if constexpr (BITS == 3) {
         const uint32_t h = spread_bits_2(C == 16 ? run.hi[0] : run.hi[0] & ((1u << C) - 1u), blk);
         even |= (h << 2) & 0x44444444u;  // high bit of code 2n at nibble n bit 2
         odd |= h & 0x44444444u;          // high bit of code 2n + 1
       }
-      uint32_t* o = out + blk * (C / 2);
-      if constexpr (C >= 8) {
-#pragma unroll
-        for (int half = 0; half < C / 8; ++half) {
-          lookup4<BITS>(even >> (16 * half), t, o[2 * half], o[2 * half + 1]);
-          lookup4<BITS>(odd >> (16 * half), t, o[C / 4 + 2 * half], o[C / 4 + 2 * half + 1]);
-        }
-      } else {  // 4 codes: one pair from the even codes, one from the odd
-        uint32_t unused;
-        lookup4<BITS>(even, t, o[0], unused);
-        lookup4<BITS>(odd, t, o[1], unused);
+      if constexpr (C == 16) {
+        w[2 * blk] = even;
+        w[2 * blk + 1] = odd;
+      } else {
+        w[0] = even | (odd << (2 * C));  // C / 2 nibbles each
       }
+    }
+  }
+}
+
+// The run's CNT centroids as CNT / 2 fp16 pairs: out[j] holds slots 2j and 2j + 1.
+template <int BITS, int CNT>
+__host__ __device__ inline void decode_pairs(const CodeRun<BITS, CNT>& run, const ByteTables& t,
+                                             uint32_t (&out)[CNT / 2]) {
+  uint32_t w[(CNT + 7) / 8];
+  slot_words(run, w);
+#pragma unroll
+  for (int q = 0; q < CNT / 4; ++q) lookup4<BITS>(w[q / 2] >> (16 * (q % 2)), t, out[2 * q], out[2 * q + 1]);
+}
+
+// Two tokens' runs at once, for mma fragments whose fp16 pairs are two tokens: out[k] holds slot k
+// of token a (low half) and of token b (high half). The two tokens' selector words are
+// interleaved nibble by nibble before the look-ups, so the pairs come straight out of them
+// (4 logic instructions per 16 codes instead of a pairing permute per 2).
+template <int BITS, int CNT>
+__host__ __device__ inline void decode_token_pairs(const CodeRun<BITS, CNT>& a,
+                                                   const CodeRun<BITS, CNT>& b, const ByteTables& t,
+                                                   uint32_t (&out)[CNT]) {
+  uint32_t wa[(CNT + 7) / 8], wb[(CNT + 7) / 8];
+  slot_words(a, wa);
+  slot_words(b, wb);
+#pragma unroll
+  for (int i = 0; i < (CNT + 7) / 8; ++i) {
+    const uint32_t ev = (wa[i] & 0x0f0f0f0fu) | ((wb[i] << 4) & 0xf0f0f0f0u);  // slots 8i + 0, 2, 4, 6
+    const uint32_t od = ((wa[i] >> 4) & 0x0f0f0f0fu) | (wb[i] & 0xf0f0f0f0u);  // slots 8i + 1, 3, 5, 7
+    uint32_t* o = out + 8 * i;
+    lookup4<BITS>(ev, t, o[0], o[2]);
+    lookup4<BITS>(od, t, o[1], o[3]);
+    if constexpr (CNT >= 8) {
+      lookup4<BITS>(ev >> 16, t, o[4], o[6]);
+      lookup4<BITS>(od >> 16, t, o[5], o[7]);
     }
   }
 }

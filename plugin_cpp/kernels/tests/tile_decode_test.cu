@@ -1,5 +1,5 @@
-// Host-side check of tile_decode.cuh: decode_pairs (register look-up tables) gives, in
-// run_slot_coord order, the centroid of every code that CodeRun::code extracts. Runs on the CPU
+// Host-side check of tile_decode.cuh: decode_pairs and decode_token_pairs (register look-up tables)
+// give, in run_slot_coord order, the centroid of every code that CodeRun::code extracts. Runs on the CPU
 // (byte_perm has a host form), so CI checks the bit tricks without a GPU.
 #include <cstdio>
 #include <cstdlib>
@@ -62,6 +62,16 @@ int check(unsigned seed) {
         }
         if (got != centroid[code] || int(run.code(i)) != code) ++bad;
         if (tq::run_coord_slot(BITS, CNT, i) != k) ++bad;  // the inverse map
+      }
+      // decode_token_pairs: this row and the next (cyclically), slot by slot in the two halves
+      tq::CodeRun<BITS, CNT> next;
+      next.load(tile.data(), g, (row + 1) % 16, part);
+      uint32_t two[CNT];
+      tq::decode_token_pairs(run, next, t, two);
+      for (int k = 0; k < CNT; ++k) {
+        const int i = tq::run_slot_coord(BITS, CNT, k);
+        if (uint16_t(two[k]) != centroid[run.code(i)] || uint16_t(two[k] >> 16) != centroid[next.code(i)])
+          ++bad;
       }
     }
   if (bad) std::printf("FAIL bits %d run %d: %d wrong centroids\n", BITS, CNT, bad);
