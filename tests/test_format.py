@@ -48,7 +48,9 @@ def expected_page(codes, norms, groups, tokens):
                 for k in range(n * w // 32):
                     word = 0
                     for i in range(per_word):
-                        word |= ((int(codes[g][t, k * per_word + i]) >> shift) & ((1 << w) - 1)) << (w * i)
+                        # the high plane of 3-bit codes: nibble order (4n + 2 - 2b + i % 2)
+                        bit = 4 * (i % 16 // 2) + 2 - 2 * (i // 16) + i % 2 if bits == 3 and w == 1 else w * i
+                        word |= ((int(codes[g][t, k * per_word + i]) >> shift) & ((1 << w) - 1)) << bit
                     out += struct.pack("<I", word)
             shift += w
     for g in range(len(groups)):
@@ -97,9 +99,9 @@ def test_codes_are_nearest_centroid_indices(gen):
 
 
 def test_unknown_format_version_is_refused():
-    check_format_version(1)
-    with pytest.raises(TQError, match="version 2 is not readable"):
-        check_format_version(2)
+    check_format_version(2)
+    with pytest.raises(TQError, match="version 1 is not readable"):
+        check_format_version(1)
 
 
 @pytest.mark.parametrize("tokens", [0, 8, 24, -16])

@@ -68,7 +68,7 @@ __device__ inline void encode_vector(const CodecLayout& l, int head, const T* x,
   for (int e = 0; e < E; ++e) {
     const int i = i0 + e;
     lo |= uint32_t(code[e] & ((1 << gl.lo_bits) - 1)) << ((i * gl.lo_bits) & 31);
-    hi |= uint32_t(code[e] >> 2 & 1) << (i & 31);
+    hi |= uint32_t(code[e] >> 2 & 1) << hi_plane_bit(i & 31);
   }
   // A group's lanes cover whole words: the first lane of each word stores it.
   const int lo_lanes = 32 / gl.lo_bits / E, hi_lanes = 32 / E;

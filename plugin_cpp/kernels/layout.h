@@ -29,6 +29,12 @@ struct PageShape {
   GroupLayout group[TQ_MAX_GROUPS];
 };
 
+// FORMAT.md section 3: the bit of a high-plane word (3-bit codes) holding coordinate r of its 32:
+// nibble order, beside the low-plane bits of the same code pair.
+__host__ __device__ constexpr int hi_plane_bit(int r) {
+  return 4 * ((r & 15) >> 1) + 2 - 2 * ((r >> 4) & 1) + (r & 1);
+}
+
 // FORMAT.md section 5: per group its planes (low first), then the norms. bits1 is ignored for one
 // group; two groups split head_dim in halves.
 __host__ __device__ constexpr PageShape page_shape(int head_dim, int num_groups, int bits0,

@@ -3,8 +3,9 @@
 // A thread decodes CNT consecutive coordinates of one group, starting at group coordinate
 // part * CNT: it loads the run's raw plane words (CodeRun::load), turns them into look-up
 // selectors (slot_words), then into fp16 centroid pairs with register look-up tables
-// (decode_pairs: pairs of one token; decode_token_pairs: pairs of two tokens), about 1.5
-// instructions per code.
+// (decode_pairs: pairs of one token; decode_token_pairs: pairs of two tokens): one byte permute
+// per code plus, per 16 codes, a few masks and shifts (the format's high-plane order makes the
+// 3-bit selectors with masks, FORMAT.md section 3).
 #pragma once
 
 #include <cuda_fp16.h>
@@ -39,17 +40,22 @@ struct CodeRun {
   static constexpr int kLowBits = BITS == 3 ? 2 : BITS;  // 3-bit codes: 2-bit plane + 1-bit plane
   static constexpr int kLowWords = (CNT * kLowBits + 31) / 32;
   uint32_t lo[kLowWords];
-  uint32_t hi[1];  // used by 3-bit codes only (CNT <= 32)
+  // 3-bit codes (CNT <= 32): the run's high-plane word, shifted so that run coordinate i sits at
+  // hi_plane_bit(i), where coordinate i of a word sits (a run starts at a multiple of CNT).
+  uint32_t hi[1];
 
   __host__ __device__ inline void load(const uint8_t* tile, const GroupLayout& g, int row, int part) {
     load_plane_bits<kLowWords>(tile + g.lo_off + row * g.lo_row_bytes, part * CNT * kLowBits, lo);
-    if constexpr (BITS == 3)
-      load_plane_bits<1>(tile + g.hi_off + row * g.hi_row_bytes, part * CNT, hi);
+    if constexpr (BITS == 3) {
+      const int first = part * CNT;
+      const uint32_t w = reinterpret_cast<const uint32_t*>(tile + g.hi_off + row * g.hi_row_bytes)[first >> 5];
+      hi[0] = (w << (2 * ((first >> 4) & 1))) >> (2 * (first & 15));
+    }
   }
   // Code of run coordinate i (tests and reference paths; the kernels use slot_words).
   __host__ __device__ inline uint32_t code(int i) const {
     uint32_t c = (lo[i * kLowBits / 32] >> (i * kLowBits % 32)) & ((1u << kLowBits) - 1);
-    if constexpr (BITS == 3) c |= ((hi[0] >> i) & 1u) << 2;
+    if constexpr (BITS == 3) c |= ((hi[0] >> hi_plane_bit(i)) & 1u) << 2;
     return c;
   }
 };
@@ -98,14 +104,6 @@ __host__ __device__ inline void lookup4(uint32_t sel, const ByteTables& t, uint3
   v23 = byte_perm(lo, hi, 0x7362u);
 }
 
-// Bit k of 16-bit half `half` of x moved to bit 2k (the byte permute drops the other half).
-__host__ __device__ inline uint32_t spread_bits_2(uint32_t x, int half) {
-  x = byte_perm(x, 0u, half ? 0x4342u : 0x4140u);
-  x = (x | (x << 4)) & 0x0f0f0f0fu;
-  x = (x | (x << 2)) & 0x33333333u;
-  return (x | (x << 1)) & 0x55555555u;
-}
-
 // Which run coordinate sits in slot k of a decoded run. 2- and 3-bit runs come out evens-then-odds
 // per block of up to 16 codes (their nibble masks split even and odd codes); 1- and 4-bit runs in
 // order. The query (keys) and the output (values) use the same map.
@@ -147,10 +145,10 @@ __host__ __device__ inline void slot_words(const CodeRun<BITS, CNT>& run, uint32
       const uint32_t lo = run.lo[blk];
       uint32_t even = lo & 0x33333333u & kMask;        // nibble n: low bits of code 2n
       uint32_t odd = (lo >> 2) & 0x33333333u & kMask;  // nibble n: low bits of code 2n + 1
-      if constexpr (BITS == 3) {
-        const uint32_t h = spread_bits_2(C == 16 ? run.hi[0] : run.hi[0] & ((1u << C) - 1u), blk);
-        even |= (h << 2) & 0x44444444u;  // high bit of code 2n at nibble n bit 2
-        odd |= h & 0x44444444u;          // high bit of code 2n + 1
+      if constexpr (BITS == 3) {  // the block's high bits, where block 0's sit: beside its nibbles
+        const uint32_t h = run.hi[0] << (2 * blk);
+        even |= h & 0x44444444u & kMask;         // high bit of code 2n at nibble n bit 2
+        odd |= (h >> 1) & 0x44444444u & kMask;   // high bit of code 2n + 1
       }
       if constexpr (C == 16) {
         w[2 * blk] = even;

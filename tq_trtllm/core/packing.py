@@ -40,21 +40,28 @@ class PageLayout:
         self.norms_offset = offset
 
 
+def bit_offsets(plane_bits: int, shift: int, device=None) -> torch.Tensor:
+    """The bit of its word where each of a word's 32 / plane_bits codes sits (FORMAT.md section 3):
+    in order, except the high plane of 3-bit codes (plane width 1 above 2 low bits), in nibble order."""
+    per_word = 32 // plane_bits
+    r = torch.arange(per_word, device=device)
+    if plane_bits == 1 and shift == 2:
+        return 4 * ((r % 16) // 2) + 2 - 2 * (r // 16) + r % 2
+    return plane_bits * r
+
+
 def pack_words(codes: torch.Tensor, plane_bits: int, shift: int) -> torch.Tensor:
-    """Bits shift..shift+plane_bits-1 of each code, packed into int32 words (little-endian order)."""
+    """Bits shift..shift+plane_bits-1 of each code, packed into int32 words (little-endian)."""
     per_word = 32 // plane_bits
     vals = (codes.to(torch.int64) >> shift) & ((1 << plane_bits) - 1)
     vals = vals.reshape(*codes.shape[:-1], -1, per_word)
-    offsets = plane_bits * torch.arange(per_word, device=codes.device)
-    words = (vals << offsets).sum(dim=-1)
+    words = (vals << bit_offsets(plane_bits, shift, codes.device)).sum(dim=-1)
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
-def unpack_words(words: torch.Tensor, plane_bits: int) -> torch.Tensor:
-    per_word = 32 // plane_bits
+def unpack_words(words: torch.Tensor, plane_bits: int, shift: int) -> torch.Tensor:
     w = words.to(torch.int64) & 0xFFFFFFFF
-    offsets = plane_bits * torch.arange(per_word, device=words.device)
-    vals = (w.unsqueeze(-1) >> offsets) & ((1 << plane_bits) - 1)
+    vals = (w.unsqueeze(-1) >> bit_offsets(plane_bits, shift, words.device)) & ((1 << plane_bits) - 1)
     return vals.reshape(*words.shape[:-1], -1)
 
 
@@ -94,7 +101,7 @@ def read_tokens(pages: torch.Tensor, layout: PageLayout, page_idx: torch.Tensor,
     _check_pages(pages, layout)
     codes = [torch.zeros(0)] * len(layout.spec.groups)
     for seg in layout.segments:
-        part = unpack_words(_segment_view(pages, layout, seg)[page_idx, slot], seg.plane_bits)
+        part = unpack_words(_segment_view(pages, layout, seg)[page_idx, slot], seg.plane_bits, seg.shift)
         codes[seg.group] = part if seg.shift == 0 else codes[seg.group] | (part << seg.shift)
     codes = [c.to(torch.uint8) for c in codes]
     norms = _norms_view(pages, layout)[page_idx, :, slot]

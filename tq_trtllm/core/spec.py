@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from .errors import TQError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 SUPPORTED_WIDTHS = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0)
 NORM_BYTES = 2  # one fp16 norm per group and token

@@ -13,10 +13,10 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..core.errors import TQError
+from ..core.spec import FORMAT_VERSION
 
 LIB_NAME = "libtq_kernels.so"
 MAX_GROUPS = 2
-FORMAT_VERSION = 1
 MAX_DECODE_Q_LEN = 8  # TQ_MAX_DECODE_Q_LEN: query tokens per sequence that tq_decode_attention takes
 FP16, BF16 = 0, 1
 

@@ -26,7 +26,7 @@
 extern "C" {
 #endif
 
-#define TQ_FORMAT_VERSION 1
+#define TQ_FORMAT_VERSION 2
 #define TQ_MAX_GROUPS 2
 #define TQ_MAX_HEAD_DIM 128 /* the kernels support head_dim 64 and 128 */
 #define TQ_MAX_GQA_GROUP 8  /* query heads per KV head */

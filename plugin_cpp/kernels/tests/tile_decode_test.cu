@@ -58,7 +58,7 @@ int check(unsigned seed) {
         int code = (word >> (lo_bit % 32)) & ((1 << g.lo_bits) - 1);
         if (BITS == 3) {
           std::memcpy(&word, tile.data() + g.hi_off + row * g.hi_row_bytes + 4 * (coord / 32), 4);
-          code |= ((word >> (coord % 32)) & 1) << 2;
+          code |= ((word >> tq::hi_plane_bit(coord % 32)) & 1) << 2;
         }
         if (got != centroid[code] || int(run.code(i)) != code) ++bad;
         if (tq::run_coord_slot(BITS, CNT, i) != k) ++bad;  // the inverse map
