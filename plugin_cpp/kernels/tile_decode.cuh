@@ -1,5 +1,5 @@
-// tile_decode.cuh: fp16 centroids of a run of codes of one token, read from a staged tile (a
-// 16-token page in shared memory, laid out like any page: FORMAT.md section 5 with T = 16).
+// tile_decode.cuh: fp16 centroids of a run of codes of one token, read from a staged tile (16 or
+// 32 tokens in shared memory, laid out like any page: FORMAT.md section 5 with T = 16 or 32).
 // A thread decodes CNT consecutive coordinates of one group, starting at group coordinate
 // part * CNT: it loads the run's raw plane words (CodeRun::load), turns them into look-up
 // selectors (slot_words), then into fp16 centroid pairs with register look-up tables
