@@ -13,6 +13,6 @@ fi
 if [[ "$what" == ncu || "$what" == all ]]; then
   timeout 240 ncu --clock-control none -k regex:attention_split --launch-skip 2 --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
-    --section MemoryWorkloadAnalysis --section LaunchStats \
+    --section MemoryWorkloadAnalysis --section LaunchStats --section SourceCounters --section InstructionStats \
     python3 -m tq_trtllm.cli.bench decode --sizes 1x131072 --iters 1 2>&1 | tee "$OUT/ncu_decode.txt" | grep -v "^==PROF==" | tail -120
 fi
