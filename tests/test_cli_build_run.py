@@ -104,6 +104,13 @@ def test_ppl_and_needle_commands(engine, calib_file):
     needle = invoke(tq_eval, "needle", "--engine", engine, "--lengths", "64,128", "--json")
     assert needle.exit_code == 0, needle.output
     assert set(json.loads(needle.stdout)) >= {"fp16", "kv", "equal"}
+    from tq_trtllm import kernels
+
+    if not kernels.available():  # --device cuda where the kernels cannot run: a clear error
+        for command in (["ppl", "--corpus", calib_file, "--window", "64", "--max-tokens", "256"],
+                        ["needle", "--lengths", "64"]):
+            assert_clean_error(invoke(tq_eval, *command, "--engine", engine, "--device", "cuda"),
+                               "--device cuda cannot run here")
 
 
 def test_engines_with_one_directory_name_are_refused(engine, calib_file, tmp_path):

@@ -1,4 +1,5 @@
-"""Shared pieces of the command-line tools: turning TQError into a clean click error."""
+"""Shared pieces of the command-line tools: turning TQError into a clean click error, and the
+--device choice (where the model and its cache run)."""
 
 from __future__ import annotations
 
@@ -18,3 +19,27 @@ def clean_errors(func):
         except TQError as err:
             raise click.ClickException(str(err)) from None
     return wrapper
+
+
+def device_option(func):
+    """--device for commands that run the model with an engine's cache (see place_model)."""
+    return click.option(
+        "--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+        help="cuda: the model in bfloat16 on the GPU, the cache on the kernel library; cpu: float32 "
+             "on the Python reference; auto: cuda where the kernels can run.")(func)
+
+
+def place_model(model, device: str) -> bool:
+    """Moves the model to the GPU in bfloat16 where --device asks for it; True when it did, and the
+    TurboQuant cache then runs on the kernel library."""
+    import torch
+
+    from .. import kernels
+
+    why_not = kernels.unavailable_reason()
+    if device == "cuda" and why_not:
+        raise TQError(f"--device cuda cannot run here: {why_not}")
+    on_gpu = device == "cuda" or (device == "auto" and why_not is None)
+    if on_gpu:
+        model.to("cuda", torch.bfloat16)
+    return on_gpu

@@ -10,7 +10,7 @@ import click
 from ..core.errors import TQError
 from ..eval.baselines import BASELINES
 from ..eval.corpus import EVALUATION_BOOK
-from .common import clean_errors
+from .common import clean_errors, device_option, place_model
 
 
 def _open_engines(paths):
@@ -48,8 +48,9 @@ def _open_engines(paths):
               help="Tokens of the corpus to evaluate, cut into windows.")
 @click.option("--window", type=click.IntRange(min=16), default=1024, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per engine or baseline, one a line.")
+@device_option
 @clean_errors
-def ppl(engines, baselines, corpus, max_tokens, window, as_json):
+def ppl(engines, baselines, corpus, max_tokens, window, as_json, device):
     from ..eval.corpus import read_corpus
     from ..calibration.capture import token_windows
     from ..eval.perplexity import baseline_method, compare_caches, engine_method
@@ -59,7 +60,8 @@ def ppl(engines, baselines, corpus, max_tokens, window, as_json):
     if window > loaded.max_context:
         raise TQError(f"--window {window} exceeds the model's context of {loaded.max_context} tokens")
     windows = token_windows(loaded.tokenizer, text, window, max_tokens // window)
-    methods = {name: engine_method(table, window) for name, _, table in opened}
+    backend = "kernels" if place_model(loaded.model, device) else "reference"
+    methods = {name: engine_method(table, window, backend) for name, _, table in opened}
     methods.update({name: baseline_method(name, loaded.model, window) for name in baselines})
     results = compare_caches(loaded.model, windows, methods, progress=True)  # bars go to stderr
     for name, r in results.items():
@@ -89,8 +91,9 @@ def _lengths(text: str) -> list[int]:
               help="Comma-separated context lengths in tokens (at most the model's context).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@device_option
 @clean_errors
-def needle(engine_dir, lengths, seed, as_json):
+def needle(engine_dir, lengths, seed, as_json, device):
     from tqdm import tqdm
 
     from ..engine import open_engine
@@ -103,8 +106,9 @@ def needle(engine_dir, lengths, seed, as_json):
     loaded, table = engine.loaded, engine.table
     for n in lengths:
         check_length(n, loaded.max_context, 8)
+    backend = "kernels" if place_model(loaded.model, device) else "reference"
     factories = {"fp16": lambda: RoundtripCache("fp16", len(table.layers), table.head_dim),
-                 "kv": lambda: TurboQuantCache(table)}
+                 "kv": lambda: TurboQuantCache(table, backend=backend)}
     bar = tqdm(total=len(lengths) * len(DEPTHS) * 2, desc="passkey prompts")  # stderr
     results = passkey_accuracy(loaded.model, loaded.tokenizer, lengths, factories, seed,
                                progress=bar.update)

@@ -7,7 +7,7 @@ import json
 import click
 
 from ..core.errors import TQError
-from .common import clean_errors
+from .common import clean_errors, device_option, place_model
 
 
 def prompt_ids(tokenizer, prompt: str, chat: bool):
@@ -24,9 +24,7 @@ def prompt_ids(tokenizer, prompt: str, chat: bool):
 @click.option("--max-new-tokens", type=click.IntRange(1, 8192), default=64, show_default=True)
 @click.option("--chat/--no-chat", default=True, show_default=True,
               help="Wrap the prompt in the tokenizer's chat template when it has one.")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-              help="cuda: the model in bfloat16 on the GPU, the cache on the kernel library; cpu: "
-                   "float32 on the Python reference; auto: cuda where the kernels can run.")
+@device_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @clean_errors
 def main(engine_dir, prompt, max_new_tokens, chat, device, as_json):
@@ -34,19 +32,13 @@ def main(engine_dir, prompt, max_new_tokens, chat, device, as_json):
         raise TQError("the prompt is empty")
     import torch
 
-    from .. import kernels
     from ..engine import open_engine
     from ..integrations.attention import use_turboquant_attention
     from ..integrations.cache import TurboQuantCache
 
-    why_not = kernels.unavailable_reason()
-    if device == "cuda" and why_not:
-        raise TQError(f"--device cuda cannot run here: {why_not}")
-    on_gpu = device == "cuda" or (device == "auto" and why_not is None)
     engine = open_engine(engine_dir)
     loaded = engine.loaded
-    if on_gpu:
-        loaded.model.to("cuda", torch.bfloat16)
+    on_gpu = place_model(loaded.model, device)
     ids = prompt_ids(loaded.tokenizer, prompt, chat).to(loaded.model.device)
     if ids.shape[1] + max_new_tokens > loaded.max_context:
         raise TQError(f"the prompt has {ids.shape[1]} tokens; with {max_new_tokens} new tokens that "

@@ -46,7 +46,7 @@ def passkey_accuracy(model, tokenizer, lengths, cache_factories: dict, seed: int
         for name, factory in cache_factories.items():
             hits = 0
             for depth, key in trials:
-                ids = passkey_prompt(tokenizer, length, depth, key)
+                ids = passkey_prompt(tokenizer, length, depth, key).to(model.device)
                 with torch.inference_mode():
                     out = model.generate(ids, attention_mask=torch.ones_like(ids),
                                          past_key_values=factory(), max_new_tokens=8,

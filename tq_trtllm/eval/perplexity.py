@@ -25,6 +25,7 @@ MIN_WINDOWS = 2
 
 def _forward(model, ids: torch.Tensor, cache) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean NLL of next-token prediction, argmax predictions [T-1]) for one window [T]."""
+    ids = ids.to(model.device)
     logits = model(input_ids=ids[None], past_key_values=cache, use_cache=True).logits[0, :-1].float()
     nll = torch.nn.functional.cross_entropy(logits, ids[1:])
     return nll, logits.argmax(dim=-1)
@@ -70,8 +71,8 @@ def _summary(base: torch.Tensor, quant: torch.Tensor, agree: list, bits: float, 
     }
 
 
-def engine_method(table: KVTable, window: int):
-    return (lambda: TurboQuantCache(table)), table.effective_bits(window)
+def engine_method(table: KVTable, window: int, backend: str = "auto"):
+    return (lambda: TurboQuantCache(table, backend=backend)), table.effective_bits(window)
 
 
 def baseline_method(name: str, model, window: int):
