@@ -170,7 +170,8 @@ def test_retrieval_windows_need_copying_and_differ_from_the_evaluation():
 
 
 def test_retrieval_windows_enter_the_fisher_costs(loaded):
-    base = CalibrationOptions(window=64, windows=1, fisher_windows=1, fisher_samples=1, sink_tokens=1)
+    base = CalibrationOptions(window=64, windows=1, fisher_windows=1, fisher_samples=1, sink_tokens=1,
+                              retrieval_windows=0)
     plain = calibrate(loaded, tiny_text(400), "3", base)
     opts = CalibrationOptions(**{**base.__dict__, "retrieval_windows": 2})
     with_retrieval = calibrate(loaded, tiny_text(400), "3", opts)

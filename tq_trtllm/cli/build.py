@@ -53,7 +53,7 @@ def default_calibration_text() -> tuple[str, str]:
               help="Per-layer widths from measured sensitivity, or the same widths in every layer.")
 @click.option("--calib-windows", type=click.IntRange(1, 256), default=8, show_default=True,
               help="512-token windows of calibration text for the statistics.")
-@click.option("--retrieval-windows", type=click.IntRange(0, 64), default=0, show_default=True,
+@click.option("--retrieval-windows", type=click.IntRange(0, 64), default=2, show_default=True,
               help="Synthetic retrieval windows (a number to copy from far back) added to the layer "
                    "sensitivity's windows, so the widths also price long-range retrieval.")
 @click.option("--seed", type=click.IntRange(0, 2**31), default=0, show_default=True)
