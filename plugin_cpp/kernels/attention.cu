@@ -10,8 +10,8 @@
 // products S^T = K Q^T and O^T += V^T P^T on tensor cores, 16 tokens per mma, with one online
 // softmax step in base 2 per 32 tokens: tokens and value dims are the mma's M (16), query rows its
 // N (8 per row tile), so a decode step of up to 8 rows (GQA group x q_len) wastes no tensor-core
-// rows, and the decoded codes, as A fragments, serve every row tile. Norms multiply the scores (keys) and the probabilities (values), so
-// centroids are decoded unscaled. The 4 warps' states are combined and written as one partial
+// rows, and the decoded codes, as A fragments, serve every row tile. Norms multiply the scores
+// (keys) and the probabilities (values), so centroids are decoded unscaled. The 4 warps' states are combined and written as one partial
 // state per split.
 // Equal integer K/V widths 2, 3 and 4 get kernels whose tile offsets and widths are compile-time
 // constants (tile_shape); every other width runs the same code with them read at run time.
@@ -179,26 +179,22 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
     const bool live = warp + i * kWarps < chunks;
     const bool ok = live && ck >= 0 && cv >= 0;
     uint8_t* st = stage0 + (i % kStages) * plan.stage_bytes;
+    // K and V rows [row0, row0 + rows) of the tile from page slot `slot` of chunks kc, vc
+    auto stage_kv = [&](int kc, int vc, int slot, int row0, int rows) {
+      stage_rows<kChunk>(st, page_in_chunk(a.cache, 0, kc, kvh), kt, page_tokens, slot, row0, rows);
+      stage_rows<kChunk>(st + kt.page_bytes, page_in_chunk(a.cache, 1, vc, kvh), vt, page_tokens, slot, row0, rows);
+    };
     uint32_t got;
     if (slot0 + kChunk <= page_tokens) {  // one page: both halves in one copy
       got = ok ? 3u : 0u;
-      if (ok) {
-        stage_rows<kChunk>(st, page_in_chunk(a.cache, 0, ck, kvh), kt, page_tokens, slot0, 0, kChunk);
-        stage_rows<kChunk>(st + kt.page_bytes, page_in_chunk(a.cache, 1, cv, kvh), vt, page_tokens, slot0, 0, kChunk);
-      }
+      if (ok) stage_kv(ck, cv, slot0, 0, kChunk);
     } else {
       const int ck2 = __shfl_sync(0xffffffffu, window_k2, i % 32);
       const int cv2 = __shfl_sync(0xffffffffu, window_v2, i % 32);
       const bool ok2 = live && ck2 >= 0 && cv2 >= 0;
       got = uint32_t(ok) | uint32_t(ok2) << 1;
-      if (ok) {
-        stage_rows<kChunk>(st, page_in_chunk(a.cache, 0, ck, kvh), kt, page_tokens, slot0, 0, kTile);
-        stage_rows<kChunk>(st + kt.page_bytes, page_in_chunk(a.cache, 1, cv, kvh), vt, page_tokens, slot0, 0, kTile);
-      }
-      if (ok2) {
-        stage_rows<kChunk>(st, page_in_chunk(a.cache, 0, ck2, kvh), kt, page_tokens, 0, kTile, kTile);
-        stage_rows<kChunk>(st + kt.page_bytes, page_in_chunk(a.cache, 1, cv2, kvh), vt, page_tokens, 0, kTile, kTile);
-      }
+      if (ok) stage_kv(ck, cv, slot0, 0, kTile);
+      if (ok2) stage_kv(ck2, cv2, 0, kTile, kTile);
     }
     staged = (staged & ~(3u << (2 * (i % kStages)))) | got << (2 * (i % kStages));
   };
