@@ -57,16 +57,22 @@ def test_library_refuses_unsupported_head_dim():
 @needs_library
 @pytest.mark.parametrize("fn_name", ["tq_decode_attention", "tq_prefill_attention"])
 def test_library_checks_lse_in_its_argument_position(fn_name):
-    """A misaligned lse is refused before anything touches the (fake, host-side) device pointers:
-    this pins where lse sits in the C signature and in the ctypes argtypes."""
+    """A misaligned lse, or only one of k_new and v_new, is refused before anything touches the
+    (fake, host-side) device pointers: this pins where they sit in the C signature and in the
+    ctypes argtypes."""
     codec = DeviceCodec(VectorCodec(CodecSpec(128, 3)), 1, "cpu").struct
     cache = TqPagedCache(k_pool=1 << 20, v_pool=1 << 21, k_chunk_bytes=50 * 16,
                          v_chunk_bytes=50 * 16, block_table=1 << 22, max_blocks=1, tokens_per_block=16,
                          num_kv_heads=1, num_chunks=1, key=codec, value=codec)
     lib = kernels.library()
-    status = getattr(lib, fn_name)(ctypes.byref(cache), 1 << 23, 1 << 24, (1 << 25) + 2, 0, 1 << 26,
-                                   16, 1, 1, 1, 0.1, None, 0, None)
-    assert status == 5 and b"lse must be 4-byte aligned" in lib.tq_last_error()  # TQ_ERR_MISALIGNED
+    def call(k_new, v_new, lse):
+        return getattr(lib, fn_name)(ctypes.byref(cache), k_new, v_new, 128, 1 << 23, 1 << 24, lse,
+                                     0, 1 << 26, 16, 1, 1, 1, 0.1, None, 0, None)
+
+    assert call(None, None, (1 << 25) + 2) == 5  # TQ_ERR_MISALIGNED
+    assert b"lse must be 4-byte aligned" in lib.tq_last_error()
+    # the new tokens' rows are optional, but only together
+    assert call(1 << 27, None, None) == 1 and b"k_new and v_new must be given together" in lib.tq_last_error()
 
 
 @pytest.mark.parametrize("lse", [torch.zeros(1, 2, 4, dtype=torch.float16), torch.zeros(1, 2, 3),
@@ -103,15 +109,17 @@ def test_library_checks_the_fused_appends_arguments():
         assert call(*args) == status and message in lib.tq_last_error()
 
 
-def test_fused_append_refuses_misshaped_rows():
-    """The fused append's k and v are checked against [batch, q_len, kv heads, head_dim] before the
-    library is called (no GPU needed)."""
+def test_own_rows_are_checked_before_the_library_is_called():
+    """The new tokens' k and v (own=, the fused append's rows too) are checked against [batch, q_len,
+    kv heads, head_dim] and q's dtype before the library is called (no GPU needed)."""
     codecs = SimpleNamespace(gain="unbiased")
     kc = SimpleNamespace(head_dim=64, batch=1,
                          cache=SimpleNamespace(num_kv_heads=2, key=codecs, value=codecs))
     q = torch.zeros(1, 2, 4, 64, dtype=torch.float16)
     good = torch.zeros(1, 2, 2, 64, dtype=torch.float16)
-    with pytest.raises(TQError, match=r"append's v must be \[1, 2, 2, 64\], got \[1, 1, 2, 64\]"):
-        kernels.decode_attention(kc, q, torch.tensor([2]), 2, append=(good, good[:, :1]))
-    with pytest.raises(TQError, match="append's k and v must have q's dtype"):
-        kernels.decode_attention(kc, q, torch.tensor([2]), 2, append=(good.float(), good.float()))
+    with pytest.raises(TQError, match=r"own's v must be \[1, 2, 2, 64\], got \[1, 1, 2, 64\]"):
+        kernels.decode_attention(kc, q, torch.tensor([2]), 2, own=(good, good[:, :1]), append=True)
+    with pytest.raises(TQError, match="own's k and v must have q's dtype"):
+        kernels.prefill_attention(kc, q, torch.tensor([2]), 2, own=(good.float(), good.float()))
+    with pytest.raises(TQError, match=r"append=True\) needs own=\(k, v\)"):
+        kernels.decode_attention(kc, q, torch.tensor([2]), 2, append=True)

@@ -59,11 +59,10 @@ def test_cache_holds_exactly_what_the_reference_codec_decodes(model, gen):
 
 
 def test_attention_in_place_equals_dense_attention_over_the_cache(model, gen):
-    """packed_attention (sinks exact, packed tokens in place, merged by log-sum-exp) against SDPA over
-    the cache read back, for a prefill whose first rows see sinks only, decode steps and a chunk."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    from tq_trtllm.integrations.packed_attention import attend
+    """packed_attention (sinks exact, packed tokens in place, own rows exact, merged by
+    log-sum-exp) against one softmax over the cache read back with the same own rows, for a prefill
+    whose first rows see sinks only, decode steps and a chunk."""
+    from tq_trtllm.integrations.packed_attention import attend, dense_attention
 
     ids = torch.randint(4, 60, (1, 30), generator=gen)
     cache = TurboQuantCache(table_for(model, 3, sinks=2))
@@ -72,12 +71,13 @@ def test_attention_in_place_equals_dense_attention_over_the_cache(model, gen):
     def check(layer_idx, q, k, v):
         layer = k.tq_layer
         t, n = q.shape[2], layer.length
-        mask = torch.arange(n) <= torch.arange(t)[:, None] + (n - t)
         dense_k, dense_v = layer.read_dense()
-        want, _ = sdpa_attention_forward(model.model.layers[layer_idx].self_attn, q, dense_k, dense_v,
-                                         mask[None, None], scaling=q.shape[-1] ** -0.5)
-        got = attend(layer, q, q.shape[-1] ** -0.5)
+        scaling = q.shape[-1] ** -0.5
+        want = dense_attention(q, dense_k, dense_v, layer.exact_rows(t), None, scaling)
+        got = attend(layer, q, scaling)
         assert torch.allclose(got, want, atol=2e-5), (layer_idx, t, n)
+        # the own rows are the raw ones, not the cache's: the packed ones differ from the pages
+        assert not torch.allclose(layer.exact_rows(t)[0][:, :, -1], dense_k[:, :, -1].float())
         checked.append((t, n))
 
     with observe(check):

@@ -25,7 +25,10 @@ def test_build_and_run_smollm2(tmp_path):
     assert manifest["fingerprint"] == {**manifest["fingerprint"], "layers": 30, "kv_heads": 3,
                                        "head_dim": 64}
     assert manifest["effective_bits"]["bits"] <= 3.3
-    ran = CliRunner().invoke(run, ["--engine", str(out), "--prompt", "What is the capital of France?",
+    # a prompt whose answer leads by a wide margin under FP16 (the shorter "What is the capital of
+    # France?" starts with a near tie, 0.153 vs 0.140, that any cache may flip)
+    ran = CliRunner().invoke(run, ["--engine", str(out), "--prompt",
+                                   "What is the capital city of France? Answer in one word.",
                                    "--max-new-tokens", "12", "--json"])
     assert ran.exit_code == 0, ran.output
     result = json.loads(ran.stdout)

@@ -17,9 +17,9 @@
 // constants (tile_shape); every other width runs the same code with them read at run time.
 // The key mean is not needed: q . mu is the same for every key of a query row and softmax is
 // invariant to a per-row shift; only the log-sum-exp adds it back (merge pass).
-// Pass 2 (merge_kernel): one CTA per query row merges the splits, rotates the output back
-// (inverse Hadamard, signs, un-permutation, value scale), adds the value mean and, if asked, writes
-// the row's log-sum-exp.
+// Pass 2 (merge_kernel): one CTA per query row merges the splits and, where the call has the new
+// rows, the row's own key and value taken exactly; rotates the output back (inverse Hadamard, signs,
+// un-permutation, value scale), adds the value mean and, if asked, writes the row's log-sum-exp.
 #include <algorithm>
 #include <cmath>
 
@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
   // --- Prologue: the fused append (tq_decode_attention_append): the new tokens that fall in this
   // split, encoded before any warp copies a tile (the barrier below orders the writes first);
   // every row tile's CTA of the split writes the same bytes. ---
-  if (a.new_kv[0]) {
+  if (a.append) {
     for (int item = warp; item < 2 * a.q_len; item += kWarps) {
       const int j = item / 2, kind = item % 2, pos = L - a.q_len + j;
       if (pos < 0 || pos < split_begin || pos >= split_begin + a.split_tokens) continue;
@@ -411,6 +411,27 @@ __device__ inline void load_floats(const float* p, float (&v)[E]) {
   }
 }
 
+// The own-position term of query row r (AttnArgs::new_kv): its score q . (k - key mean), times
+// q_scale (the splits' units: they leave the key mean out too), computed by every warp of the merge
+// CTA; -inf where the call has no new rows or the row's position lies before the sequence.
+template <int D, typename T>
+__device__ inline float own_score(const AttnArgs& a, int b, int kvh, int j, const T* qv) {
+  constexpr int E = D / 32;
+  const int lane = threadIdx.x & 31;
+  const int len = max(0, min(a.kv_lens[b], a.max_kv_len));
+  if (!a.new_kv[0] || len - a.q_len + j < 0) return -INFINITY;
+  const CodecLayout& kl = a.cache.codec[0];
+  const T* kx = static_cast<const T*>(a.new_kv[0]) + (int64_t(b) * a.q_len + j) * a.new_stride + int64_t(kvh) * D;
+  float dot = 0.0f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const int ch = lane * E + e;
+    dot += to_float(qv[ch]) * (to_float(kx[ch]) - mean_of(kl, kvh, ch));
+  }
+  for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+  return a.q_scale * dot;
+}
+
 template <int D, typename T>
 __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(AttnArgs a, int batch) {
   constexpr int E = D / 32;
@@ -423,10 +444,15 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(AttnArgs a, int
   const int kvh = int(item / a.rows % heads);
   const int b = int(item / a.rows / heads);
   const int64_t base = ws_slot(a, b, kvh, r, 0);
+  const int j = r / a.group, hq = kvh * a.group + r % a.group;
+  const int64_t row = (int64_t(b) * a.q_len + j) * a.num_q_heads + hq;
+  const T* qv = static_cast<const T*>(a.q) + row * D;
+  // The own position's score joins the splits' states like one more split of one token.
+  const float s_own = own_score<D, T>(a, b, kvh, j, qv);
   // Launched early (programmatic dependent launch): wait until the split pass's writes are visible.
   asm volatile("griddepcontrol.wait;" ::: "memory");
   // The splits' running maxima, read by all threads at once.
-  float m_all = -INFINITY;
+  float m_all = s_own;
   for (int s = threadIdx.x; s < a.num_splits; s += 32 * kMergeWarps)
     m_all = fmaxf(m_all, a.ws_ml[base + s].x);
   for (int o = 16; o > 0; o >>= 1) m_all = fmaxf(m_all, __shfl_xor_sync(0xffffffffu, m_all, o));
@@ -463,33 +489,39 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(AttnArgs a, int
   l_all = 0.0f;
 #pragma unroll
   for (int w = 0; w < kMergeWarps; ++w) l_all += l_s[w];
-  const int j = r / a.group, hq = kvh * a.group + r % a.group;
-  const int64_t row = (int64_t(b) * a.q_len + j) * a.num_q_heads + hq;
+  const float w_own = s_own == -INFINITY ? 0.0f : exp2f(s_own - m_all);
+  const float l_sum = l_all + w_own;
   if (a.lse) {
     // The scores left out q . mean (the key mean, original channels): add it back, in base 2.
     const CodecLayout& kl = a.cache.codec[0];
     float qm = 0.0f;
     if (kl.mean) {
-      const T* qv = static_cast<const T*>(a.q) + row * D;
 #pragma unroll
       for (int e = 0; e < E; ++e) qm += to_float(qv[lane * E + e]) * mean_of(kl, kvh, lane * E + e);
       for (int o = 16; o > 0; o >>= 1) qm += __shfl_xor_sync(0xffffffffu, qm, o);
     }
     if (lane == 0)
-      a.lse[row] = l_all > 0.0f ? (m_all + log2f(l_all) + a.q_scale * qm) * kLn2 : -INFINITY;
+      a.lse[row] = l_sum > 0.0f ? (m_all + log2f(l_sum) + a.q_scale * qm) * kLn2 : -INFINITY;
   }
-  const float inv = l_all > 0.0f ? 1.0f / l_all : 0.0f;
+  // out = (R^-1(acc) * value scale + l_all * value mean + w_own * v_own) / l_sum: the cached
+  // tokens' decoded values each carry the value mean; a row that sees nothing gets the mean.
+  const float inv = l_sum > 0.0f ? 1.0f / l_sum : 0.0f;
+  const float mean_w = l_sum > 0.0f ? l_all * inv : 1.0f;
   const CodecLayout& vl = a.cache.codec[1];
 #pragma unroll
   for (int e = 0; e < E; ++e) acc[e] *= inv;
   warp_fwht<E>(acc, D / vl.num_groups);
+  const T* v_own = w_own > 0.0f ? static_cast<const T*>(a.new_kv[1]) + (int64_t(b) * a.q_len + j) * a.new_stride +
+                                      int64_t(kvh) * D
+                                : nullptr;
   T* out = static_cast<T*>(a.out) + row * D;
 #pragma unroll
   for (int e = 0; e < E; ++e) {
     const int pj = lane * E + e;
     const int ch = channel_of(vl, kvh, pj);
-    out[ch] = from_float<T>(acc[e] * rotation_sign(vl.seed, pj) * scale_of(vl, kvh, ch) +
-                            mean_of(vl, kvh, ch));
+    float y = acc[e] * rotation_sign(vl.seed, pj) * scale_of(vl, kvh, ch) + mean_w * mean_of(vl, kvh, ch);
+    if (v_own) y += w_own * inv * to_float(v_own[ch]);
+    out[ch] = from_float<T>(y);
   }
 }
 
@@ -588,15 +620,18 @@ tq_status launch(const AttnArgs& a, const SplitPlan& sp, int batch, cudaStream_t
                                    cudaGetErrorString(err));
 }
 
-// new_k, new_v, new_stride: the fused append's inputs, or null.
+// new_k, new_v, new_stride: the call's new rows (own positions attended exactly), or null;
+// append: write them into the pages first (the fused append).
 tq_status attention(const char* name, int max_q_len, const tq_paged_cache* cache,
-                    const void* new_k, const void* new_v, int64_t new_stride, const void* q,
-                    void* out, float* lse, tq_dtype dtype, const int32_t* kv_lens,
+                    const void* new_k, const void* new_v, int64_t new_stride, bool append,
+                    const void* q, void* out, float* lse, tq_dtype dtype, const int32_t* kv_lens,
                     int32_t max_kv_len, int32_t batch, int32_t q_len, int32_t num_q_heads,
                     float softmax_scale, void* workspace, size_t ws_bytes, tq_stream stream) {
   AttnArgs a{};
   TQ_TRY(make_cache_view(cache, &a.cache));
-  if (new_k) {  // tq_decode_attention_append has checked that both are given
+  if (!new_k != !new_v)
+    return fail(TQ_ERR_NULL_POINTER, "%s: k_new and v_new must be given together (or both NULL)", name);
+  if (new_k) {
     if (reinterpret_cast<uintptr_t>(new_k) % 4 || reinterpret_cast<uintptr_t>(new_v) % 4)
       return fail(TQ_ERR_MISALIGNED, "%s: k_new and v_new must be 4-byte aligned", name);
     if (new_stride < int64_t(a.cache.num_kv_heads) * a.cache.codec[0].head_dim)
@@ -607,6 +642,8 @@ tq_status attention(const char* name, int max_q_len, const tq_paged_cache* cache
   a.new_kv[0] = new_k;
   a.new_kv[1] = new_v;
   a.new_stride = new_stride;
+  a.own_lag = new_k ? 1 : 0;
+  a.append = append;
   if (!q || !out || !kv_lens)
     return fail(TQ_ERR_NULL_POINTER, "%s: q, out and kv_lens must not be NULL", name);
   if (reinterpret_cast<uintptr_t>(lse) % alignof(float))
@@ -676,14 +713,15 @@ extern "C" size_t tq_attention_workspace_bytes(int32_t batch, int32_t q_len, int
   return tq::workspace_bytes(p, batch, num_kv_heads, head_dim);
 }
 
-extern "C" tq_status tq_decode_attention(const tq_paged_cache* cache, const void* q, void* out,
-                                         float* lse, tq_dtype dtype, const int32_t* kv_lens,
-                                         int32_t max_kv_len, int32_t batch, int32_t q_len,
-                                         int32_t num_q_heads, float softmax_scale, void* workspace,
-                                         size_t workspace_bytes, tq_stream stream) {
-  return tq::attention("decode_attention", TQ_MAX_DECODE_Q_LEN, cache, nullptr, nullptr, 0, q, out,
-                       lse, dtype, kv_lens, max_kv_len, batch, q_len, num_q_heads, softmax_scale,
-                       workspace, workspace_bytes, stream);
+extern "C" tq_status tq_decode_attention(const tq_paged_cache* cache, const void* k_new,
+                                         const void* v_new, int64_t new_stride, const void* q,
+                                         void* out, float* lse, tq_dtype dtype,
+                                         const int32_t* kv_lens, int32_t max_kv_len, int32_t batch,
+                                         int32_t q_len, int32_t num_q_heads, float softmax_scale,
+                                         void* workspace, size_t workspace_bytes, tq_stream stream) {
+  return tq::attention("decode_attention", TQ_MAX_DECODE_Q_LEN, cache, k_new, v_new, new_stride,
+                       false, q, out, lse, dtype, kv_lens, max_kv_len, batch, q_len, num_q_heads,
+                       softmax_scale, workspace, workspace_bytes, stream);
 }
 
 extern "C" tq_status tq_decode_attention_append(const tq_paged_cache* cache, const void* k_new,
@@ -697,17 +735,18 @@ extern "C" tq_status tq_decode_attention_append(const tq_paged_cache* cache, con
   if (!k_new || !v_new)
     return tq::fail(TQ_ERR_NULL_POINTER, "decode_attention_append: k_new and v_new must not be NULL");
   return tq::attention("decode_attention_append", TQ_MAX_DECODE_Q_LEN, cache, k_new, v_new,
-                       new_stride, q, out, lse, dtype, kv_lens, max_kv_len, batch, q_len,
+                       new_stride, true, q, out, lse, dtype, kv_lens, max_kv_len, batch, q_len,
                        num_q_heads, softmax_scale, workspace, workspace_bytes, stream);
 }
 
-extern "C" tq_status tq_prefill_attention(const tq_paged_cache* cache, const void* q, void* out,
-                                          float* lse, tq_dtype dtype, const int32_t* kv_lens,
-                                          int32_t max_kv_len, int32_t batch, int32_t q_len,
-                                          int32_t num_q_heads, float softmax_scale,
-                                          void* workspace, size_t workspace_bytes,
-                                          tq_stream stream) {
-  return tq::attention("prefill_attention", 1 << 20, cache, nullptr, nullptr, 0, q, out, lse, dtype,
-                       kv_lens, max_kv_len, batch, q_len, num_q_heads, softmax_scale, workspace,
-                       workspace_bytes, stream);
+extern "C" tq_status tq_prefill_attention(const tq_paged_cache* cache, const void* k_new,
+                                          const void* v_new, int64_t new_stride, const void* q,
+                                          void* out, float* lse, tq_dtype dtype,
+                                          const int32_t* kv_lens, int32_t max_kv_len,
+                                          int32_t batch, int32_t q_len, int32_t num_q_heads,
+                                          float softmax_scale, void* workspace,
+                                          size_t workspace_bytes, tq_stream stream) {
+  return tq::attention("prefill_attention", 1 << 20, cache, k_new, v_new, new_stride, false, q, out,
+                       lse, dtype, kv_lens, max_kv_len, batch, q_len, num_q_heads, softmax_scale,
+                       workspace, workspace_bytes, stream);
 }

@@ -40,8 +40,13 @@ struct AttnArgs {
   int max_kv_len, q_len, group, num_q_heads, rows, row_tiles;
   int num_splits, split_tokens;
   float q_scale;        // softmax_scale * log2(e)
-  const void* new_kv[2];  // the fused append's new keys and values (tq_decode_attention_append), or null
+  // The call's new keys and values, the rows of the last q_len positions (k_new, v_new), or null.
+  // Given, each query row's own position is attended with them exactly (merge pass) and the
+  // passes over the cache stop one position earlier (own_lag 1).
+  const void* new_kv[2];
   int64_t new_stride;     // their token stride, elements
+  int own_lag;            // 1 with new_kv, else 0
+  bool append;            // the split pass first writes new_kv into the pages (the fused append)
   float* ws_o;          // [batch][Hkv][row_tiles * 16][splits][D]: unnormalized partial outputs
   float2* ws_ml;        // [batch][Hkv][row_tiles * 16][splits]: (running max, sum) in base 2
 };
@@ -87,8 +92,9 @@ __device__ inline float fast_exp2(float x) {
 }
 
 // The keys a CTA of query rows [row0, row0 + cta_rows) reads in its split: [begin, end), cut at
-// the sequence's length `len` and after the last position any of its rows may see (causal);
-// tokens before full_end are visible to every one of its rows (no mask needed there).
+// the sequence's length `len` and after the last cached position any of its rows may see (causal:
+// up to its own, or up to the one before with own_lag); tokens before full_end are visible to every
+// one of its rows (no mask needed there).
 struct CtaKeys {
   int len, begin, end, full_end;
 };
@@ -97,14 +103,14 @@ __device__ inline CtaKeys cta_keys(const AttnArgs& a, int b, int split, int row0
   k.len = max(0, min(a.kv_lens[b], a.max_kv_len));
   const int last_row = min(a.rows, row0 + cta_rows) - 1;
   k.begin = split * a.split_tokens;
-  k.end = min(min(k.len, k.len - a.q_len + last_row / a.group + 1), k.begin + a.split_tokens);
-  k.full_end = min(k.end, k.len - a.q_len + row0 / a.group + 1);
+  k.end = min(min(k.len, k.len - a.q_len + last_row / a.group + 1 - a.own_lag), k.begin + a.split_tokens);
+  k.full_end = min(k.end, k.len - a.q_len + row0 / a.group + 1 - a.own_lag);
   return k;
 }
 
-// The last position query row r may see; padding rows (r >= rows) are never written out: no limit.
+// The last cached position query row r reads; padding rows (r >= rows) are never written out: no limit.
 __device__ inline int causal_limit(const AttnArgs& a, int len, int r) {
-  return r < a.rows ? len - a.q_len + r / a.group : INT_MAX;
+  return r < a.rows ? len - a.q_len + r / a.group - a.own_lag : INT_MAX;
 }
 
 // The workspace slot of query row r's partial state in split `split` (AttnArgs::ws_o, ws_ml).

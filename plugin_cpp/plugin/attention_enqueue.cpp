@@ -126,7 +126,9 @@ int32_t run(PluginConfig const& c, DeviceTables& tables, nvinfer1::PluginTensorD
   for (int32_t r = 0; r < plan.numContext; ++r) {
     RequestSlice const& req = plan.requests[r];
     cache.block_table = pool.blockTable + r * tableRow;
-    if (!kernelOk(tq_prefill_attention(&cache, q + req.tokenBegin * rowBytes, out + req.tokenBegin * rowBytes,
+    char const* kNew = kv + req.tokenBegin * kvStride * elem;  // each token attends to its own K/V exactly
+    if (!kernelOk(tq_prefill_attention(&cache, kNew, kNew + c.numKvHeads * c.headDim * elem, kvStride,
+                                       q + req.tokenBegin * rowBytes, out + req.tokenBegin * rowBytes,
                                        /*lse=*/nullptr, dtype, kvLens + r, req.kvLen, 1, req.numTokens, c.numQHeads,
                                        softmaxScale, attnWs, ws.attentionBytes, s),
                   "prefill attention", error))

@@ -18,8 +18,9 @@ tq_status tq_quantize_append(const tq_paged_cache*, const void*, const void*, in
   return TQ_ERR_CUDA;
 }
 
-tq_status tq_decode_attention(const tq_paged_cache*, const void*, void*, float*, tq_dtype, const int32_t*, int32_t,
-                              int32_t, int32_t, int32_t, float, void*, size_t, tq_stream) {
+tq_status tq_decode_attention(const tq_paged_cache*, const void*, const void*, int64_t, const void*, void*, float*,
+                              tq_dtype, const int32_t*, int32_t, int32_t, int32_t, int32_t, float, void*, size_t,
+                              tq_stream) {
   return TQ_ERR_CUDA;
 }
 
@@ -29,8 +30,9 @@ tq_status tq_decode_attention_append(const tq_paged_cache*, const void*, const v
   return TQ_ERR_CUDA;
 }
 
-tq_status tq_prefill_attention(const tq_paged_cache*, const void*, void*, float*, tq_dtype, const int32_t*, int32_t,
-                               int32_t, int32_t, int32_t, float, void*, size_t, tq_stream) {
+tq_status tq_prefill_attention(const tq_paged_cache*, const void*, const void*, int64_t, const void*, void*, float*,
+                               tq_dtype, const int32_t*, int32_t, int32_t, int32_t, int32_t, float, void*, size_t,
+                               tq_stream) {
   return TQ_ERR_CUDA;
 }
 

@@ -18,13 +18,22 @@ def fill(kc, lengths, heads, head_dim, gen):
     quantize_append(kc, x[0], x[1], seq, pos)
 
 
-def check_against_reference(cache, table, q, out, lengths, scale):
-    """Max abs error vs fp32 attention over the reference-dequantized history, per sequence."""
+def new_rows(batch, q_len, heads, head_dim, dtype, gen):
+    """Own rows (k, v) [batch, q_len, heads, head_dim] for the last q_len positions: random, so
+    unlike what the cache holds there (a kernel that read the cache instead would fail)."""
+    x = torch.randn(2, batch, q_len, heads, head_dim, generator=gen).to(dtype).cuda()
+    return x[0], x[1]
+
+
+def check_against_reference(cache, table, q, out, lengths, scale, own=None):
+    """Max abs error vs fp32 attention over the reference-dequantized history, per sequence; own:
+    the new tokens' rows the kernel was given, or None."""
     q_len = q.shape[1]
     worst = 0.0
     for b, n in enumerate(lengths):
         k, v = cache.gather(table, b, 0, n)
-        want = reference_attention(q[b].float(), k, v, scale)
+        want = reference_attention(q[b].float(), k, v, scale,
+                                   None if own is None else (own[0][b], own[1][b]))
         got = out[b].float()
         assert torch.isfinite(got).all(), "NaN or Inf in the output"
         # the output carries its own rounding on top of the bound: half an ulp, up to 2^-8 (bf16) or
@@ -57,19 +66,22 @@ def case_id(c):
     return f"d{c[0]}-h{c[1]}x{c[2]}-k{c[3]}v{c[4]}-q{c[5]}-{str(c[6])[6:]}-{'tab' if c[7] else 'plain'}"
 
 
+@pytest.mark.parametrize("with_own", [False, True], ids=["cache", "own"])
 @pytest.mark.parametrize("case", CASES, ids=case_id)
-def test_decode_attention_ragged(case, gen):
+def test_decode_attention_ragged(case, with_own, gen):
+    """Every position from the cache, or (own) each query's own position from its new rows."""
     d, hq, hkv, kw, vw, q_len, dtype, tables = case
     T = 32
     lengths = [max(1, q_len), T - 1, 3 * T + 5, 777, 16, 2048 + 3]
     cache, table, kc = make_cache(d, kw, vw, hkv, T, lengths, gen, tables)
     fill(kc, lengths, hkv, d, gen)
     q = torch.randn(len(lengths), q_len, hq, d, generator=gen).to(dtype).cuda()
+    own = new_rows(len(lengths), q_len, hkv, d, dtype, gen) if with_own else None
     scale = d**-0.5
     lens = torch.tensor(lengths, dtype=torch.int32)
     out = torch.full_like(q, float("nan"))
-    decode_attention(kc, q, lens, max(lengths), scale, out=out)
-    check_against_reference(cache, table, q, out, lengths, scale)
+    decode_attention(kc, q, lens, max(lengths), scale, out=out, own=own)
+    check_against_reference(cache, table, q, out, lengths, scale, own)
 
 
 def test_decode_attention_length_one_and_block_edges(gen):
@@ -89,8 +101,9 @@ def test_decode_attention_longest_context(q_len, gen):
     cache, table, kc = make_cache(128, 3, 3, 8, 64, [n], gen, spare_blocks=0)
     fill(kc, [n], 8, 128, gen)
     q = torch.randn(1, q_len, 32, 128, generator=gen).half().cuda()
-    out = decode_attention(kc, q, torch.tensor([n]), n)
-    check_against_reference(cache, table, q, out, [n], 128**-0.5)
+    own = new_rows(1, q_len, 8, 128, torch.float16, gen)
+    out = decode_attention(kc, q, torch.tensor([n]), n, own=own)
+    check_against_reference(cache, table, q, out, [n], 128**-0.5, own)
 
 
 PREFILL_CASES = [
@@ -108,23 +121,26 @@ PREFILL_CASES = [
 ]
 
 
+@pytest.mark.parametrize("with_own", [False, True], ids=["cache", "own"])
 @pytest.mark.parametrize("case", PREFILL_CASES, ids=case_id)
-def test_prefill_attention_chunk_over_history(case, gen):
-    """A chunk of new tokens (keys appended first) attends causally to its history and itself:
-    ragged histories, none at all, and one long enough to be split."""
+def test_prefill_attention_chunk_over_history(case, with_own, gen):
+    """A chunk of new tokens (keys appended first) attends causally to its history and itself
+    (own: each token's own position from its new rows): ragged histories, none at all, and one long
+    enough to be split."""
     d, hq, hkv, kw, vw, chunk, dtype, tables = case
     lengths = [chunk + 300, chunk + 29, chunk, chunk + 3001]
     cache, table, kc = make_cache(d, kw, vw, hkv, 32, lengths, gen, tables)
     fill(kc, lengths, hkv, d, gen)
     q = torch.randn(len(lengths), chunk, hq, d, generator=gen).to(dtype).cuda()
-    out = prefill_attention(kc, q, torch.tensor(lengths), max(lengths))
-    check_against_reference(cache, table, q, out, lengths, d**-0.5)
+    own = new_rows(len(lengths), chunk, hkv, d, dtype, gen) if with_own else None
+    out = prefill_attention(kc, q, torch.tensor(lengths), max(lengths), own=own)
+    check_against_reference(cache, table, q, out, lengths, d**-0.5, own)
 
 
 @pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[4], CASES[6], CASES[9]], ids=case_id)
 def test_fused_append_writes_the_same_bytes_and_attends_the_same(case, gen):
-    """decode_attention(append=(k, v)) leaves the pools byte for byte as quantize_append then
-    decode_attention do, and returns the same output, for new tokens in any split."""
+    """decode_attention(own=(k, v), append=True) leaves the pools byte for byte as quantize_append
+    then decode_attention(own=(k, v)) do, and returns the same output, for new tokens in any split."""
     d, hq, hkv, kw, vw, q_len, dtype, tables = case
     lengths = [q_len, 31 + q_len, 3 * 32 + 5, 777, 2048 + 3, 9000]
     cache, table, kc = make_cache(d, kw, vw, hkv, 32, lengths, gen, tables)
@@ -141,16 +157,17 @@ def test_fused_append_writes_the_same_bytes_and_attends_the_same(case, gen):
     new_seq = torch.arange(len(lengths)).repeat_interleave(q_len).int().cuda()
     new_pos = torch.tensor([n - q_len + j for n in lengths for j in range(q_len)]).int().cuda()
     quantize_append(kc, new[0].reshape(-1, hkv, d), new[1].reshape(-1, hkv, d), new_seq, new_pos)
-    want = decode_attention(kc, q, lens, max(lengths))
-    got = decode_attention(kc_fused, q, lens, max(lengths), append=(new[0], new[1]))
+    want = decode_attention(kc, q, lens, max(lengths), own=(new[0], new[1]))
+    got = decode_attention(kc_fused, q, lens, max(lengths), own=(new[0], new[1]), append=True)
     for kind, (mine, theirs) in enumerate(zip(other.pools, cache.pools)):
         assert torch.equal(mine, theirs), f"the fused append wrote different {'kv'[kind]} bytes"
     assert torch.equal(got, want), "the fused call's attention differs"
 
 
-def reference_lse(cache, table, q, lengths, scale):
+def reference_lse(cache, table, q, lengths, scale, own_k=None):
     """float64 log-sum-exp of scale * q . k_hat over the keys each query row sees, k_hat the
-    reference-dequantized keys (key mean included): [batch, q_len, Hq], -inf where none."""
+    reference-dequantized keys (key mean included; own_k [batch, q_len, Hkv, d] at each row's own
+    position where given): [batch, q_len, Hq], -inf where none."""
     q_len, hq = q.shape[1:3]
     rows = []
     for b, n in enumerate(lengths):
@@ -159,7 +176,12 @@ def reference_lse(cache, table, q, lengths, scale):
         logits = torch.einsum("qhd,khd->qhk", q[b].double(), k) * scale
         qpos = torch.arange(n - q_len, n, device=q.device)[:, None, None]
         kpos = torch.arange(n, device=q.device)[None, None, :]
-        rows.append(logits.masked_fill(kpos > qpos, float("-inf")).logsumexp(dim=-1))
+        logits = logits.masked_fill(kpos > qpos, float("-inf"))
+        if own_k is not None:
+            mine = own_k[b].double().repeat_interleave(hq // own_k.shape[2], dim=1)
+            j = torch.arange(max(0, q_len - n), q_len, device=q.device)  # rows with a position
+            logits[j, :, n - q_len + j] = (q[b].double()[j] * mine[j]).sum(-1) * scale
+        rows.append(logits.logsumexp(dim=-1))
     return torch.stack(rows)
 
 
@@ -193,6 +215,9 @@ def test_decode_attention_returns_the_lse(case, gen):
     check_lse(lse, reference_lse(cache, table, q, lengths, scale))
     assert torch.equal(out, decode_attention(kc, q, lens, max(lengths), scale)), \
         "asking for the lse must not change the output"
+    own = new_rows(len(lengths), q_len, hkv, d, dtype, gen)
+    decode_attention(kc, q, lens, max(lengths), scale, lse=lse, own=own)
+    check_lse(lse, reference_lse(cache, table, q, lengths, scale, own[0]))
 
 
 def test_prefill_attention_returns_the_lse(gen):
@@ -203,6 +228,9 @@ def test_prefill_attention_returns_the_lse(gen):
     lse = torch.empty(2, 100, 8, device="cuda")
     prefill_attention(kc, q, torch.tensor(lengths), max(lengths), lse=lse)
     check_lse(lse, reference_lse(cache, table, q, lengths, 128**-0.5))
+    own = new_rows(2, 100, 2, 128, torch.float16, gen)
+    prefill_attention(kc, q, torch.tensor(lengths), max(lengths), lse=lse, own=own)
+    check_lse(lse, reference_lse(cache, table, q, lengths, 128**-0.5, own[0]))
 
 
 def test_bad_input_raises_with_a_message(gen):

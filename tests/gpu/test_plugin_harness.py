@@ -111,7 +111,7 @@ def run_case(work: Path, case: dict) -> None:
     rope_args = {k: v for k, v in case["rope"].items() if k != "rope_base"}
 
     history = {s: [] for s in range(num_seqs)}  # per sequence: (k_rot, v) rows in position order
-    expected_rows = []  # per step: (request kvlen, q rows)
+    expected_rows = []  # per step: (sequence, KV length, q rows, own (k, v) rows) per request
     steps = STEPS + [[(0, "gen", 1)]]  # the last one overruns the block table (below)
     for i, step in enumerate(steps):
         batch, tokens = len(step), sum(n for _, _, n in step)
@@ -128,7 +128,7 @@ def run_case(work: Path, case: dict) -> None:
             k = rope(x[:, hq:hq + hkv], pos, case["rope"]["rope_base"], **rope_args).to(dtype)
             if i < len(steps) - 1:
                 history[seq] += list(zip(k, x[:, hq + hkv:]))
-            q_rot.append((seq, start + n, q))
+            q_rot.append((seq, start + n, q, (k, x[:, hq + hkv:])))  # own rows: attended exactly
             past.append(start + n if kind == "ctx" else start)
             ctx.append(n if kind == "ctx" else 99)  # generation rows hold the prompt length in TRT-LLM
         meta = np.array([batch, tokens] + types + past + ctx, dtype=np.int32)
@@ -181,9 +181,9 @@ def run_case(work: Path, case: dict) -> None:
         out = torch.from_numpy(np.fromfile(out_dir / f"step{i}_out.bin", dtype=np.int16)).view(dtype)
         out = out.reshape(-1, hq, d).float()
         row = 0
-        for seq, kv_len, q in q_rot:
+        for seq, kv_len, q, own in q_rot:
             k_enc, v_enc = stored(seq, kv_len)
-            ref = reference_attention(q.float(), key.decode(k_enc), value.decode(v_enc), 1 / math.sqrt(d))
+            ref = reference_attention(q.float(), key.decode(k_enc), value.decode(v_enc), 1 / math.sqrt(d), own)
             got = out[row: row + q.shape[0]]
             assert torch.isfinite(got).all(), f"step {i}, sequence {seq}: non-finite output"
             err = float((got - ref).abs().max())

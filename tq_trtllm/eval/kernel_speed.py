@@ -91,14 +91,14 @@ def packed_cache(batch: int, context: int, q_heads: int, kv_heads: int, head_dim
 def raw_attention_call(kc: KernelCache, fn_name: str, q: torch.Tensor, kv_lens: torch.Tensor,
                        max_kv_len: int, new: torch.Tensor | None = None):
     """The library call with every argument prepared once (no per-call Python allocation); new:
-    the fused append's rows [2, batch * q_len, kv_heads, head_dim] (tq_decode_attention_append)."""
+    the new tokens' rows [2, batch * q_len, kv_heads, head_dim] (k_new, v_new), or None."""
     batch, q_len, hq, d = q.shape
     out = torch.empty_like(q)
     ws = torch.empty(workspace_bytes(batch, q_len, hq, kc.cache.num_kv_heads, d, max_kv_len),
                      dtype=torch.uint8, device="cuda")
     fn = getattr(library(), fn_name)
-    appended = () if new is None else (new[0].data_ptr(), new[1].data_ptr(), new.stride(1))
-    args = (ctypes.byref(kc.struct), *appended, q.data_ptr(), out.data_ptr(), None, _dtype_code(q.dtype),
+    rows = (None, None, 0) if new is None else (new[0].data_ptr(), new[1].data_ptr(), new.stride(1))
+    args = (ctypes.byref(kc.struct), *rows, q.data_ptr(), out.data_ptr(), None, _dtype_code(q.dtype),
             kv_lens.data_ptr(), max_kv_len, batch, q_len, hq, d**-0.5, ws.data_ptr(), ws.numel(),
             ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
 
@@ -114,11 +114,11 @@ def decode_row(timer: Timer, batch: int, context: int, q_heads: int, kv_heads: i
     _, kc = packed_cache(batch, context, q_heads, kv_heads, head_dim, k_bits, v_bits)
     q = torch.randn(batch, q_len, q_heads, head_dim, device="cuda", dtype=torch.float16)
     lens = torch.full((batch,), context, device="cuda", dtype=torch.int32)
-    call, _ = raw_attention_call(kc, "tq_decode_attention", q, lens, context)
-    tq_us = timer.median_us(call)
-    # one decode step's append: q_len tokens per sequence, rewritten at the last positions
+    # the step's new rows: q_len tokens per sequence at the last positions, attended to exactly
     n = batch * q_len
     kv_new = torch.randn(2, n, kv_heads, head_dim, device="cuda", dtype=torch.float16)
+    call, _ = raw_attention_call(kc, "tq_decode_attention", q, lens, context, kv_new)
+    tq_us = timer.median_us(call)
     seq = torch.arange(batch, device="cuda", dtype=torch.int32).repeat_interleave(q_len)
     pos = (context - q_len + torch.arange(q_len, device="cuda", dtype=torch.int32)).repeat(batch)
     append_us = timer.median_us(lambda: quantize_append(kc, kv_new[0], kv_new[1], seq, pos))
@@ -154,7 +154,8 @@ def prefill_row(timer: Timer, history: int, chunk: int, q_heads: int, kv_heads: 
     _, kc = packed_cache(1, total, q_heads, kv_heads, head_dim, k_bits, v_bits)
     q = torch.randn(1, chunk, q_heads, head_dim, device="cuda", dtype=torch.float16)
     lens = torch.full((1,), total, device="cuda", dtype=torch.int32)
-    call, _ = raw_attention_call(kc, "tq_prefill_attention", q, lens, total)
+    kv_new = torch.randn(2, chunk, kv_heads, head_dim, device="cuda", dtype=torch.float16)
+    call, _ = raw_attention_call(kc, "tq_prefill_attention", q, lens, total, kv_new)
     tq_us = timer.median_us(call)
     sdpa_us = sdpa_decode_us(timer, 1, total, q_heads, kv_heads, head_dim, chunk)
     nbytes = packed_bytes_of(1, total, kv_heads, head_dim, k_bits, v_bits)

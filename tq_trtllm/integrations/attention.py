@@ -3,9 +3,10 @@
 The model calls `cache.update` first (TurboQuantCache quantizes the new tokens into its pages and
 returns its exact sink tokens, tagged with the layer) and then this function, which reads the
 packed tokens in place (packed_attention) when the mask is the plain causal one, and otherwise (a
-padded batch) attends densely over the cache read back. Untagged keys and values (no cache, or
-another cache) go to transformers' SDPA attention. It is also where calibration observes post-RoPE
-queries, keys and values, through `observe`.
+padded batch) attends densely over the cache read back, under the same rule (each token's own key
+and value exact). Keys tagged with the step's exact rows (`tq_own`: the evaluation's reference
+caches) get that rule on their dense cache too. Untagged keys and values (no cache, or another cache) go to transformers' SDPA attention. It
+is also where calibration observes post-RoPE queries, keys and values, through `observe`.
 """
 
 from __future__ import annotations
@@ -22,14 +23,19 @@ def turboquant_attention(module, query, key, value, attention_mask, **kwargs):
         observer(module.layer_idx, query, key, value)
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from .packed_attention import attend, is_bottom_right_causal
+    from .packed_attention import attend, dense_attention, is_bottom_right_causal
 
+    scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
     layer = getattr(key, "tq_layer", None)
     if layer is not None:
         if is_bottom_right_causal(attention_mask, query.shape[2], layer.length):
-            scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
             return attend(layer, query, scaling), None
+        own = layer.exact_rows(query.shape[2])
         key, value = layer.read_dense()
+    else:
+        own = getattr(key, "tq_own", None)
+    if own is not None:
+        return dense_attention(query, key, value, own, attention_mask, scaling), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 

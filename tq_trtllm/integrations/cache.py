@@ -1,11 +1,12 @@
 """TurboQuantCache: transformers' Cache interface over one PagedLayerCache per layer.
 
-Every token's key and value, the one being processed included, is quantized into the pages before
-attention reads them (the kernels' quantize-append-then-attend order), except the first
-`sink_tokens` tokens of each sequence, which a table may keep exact in fp16. On the kernels a decode
-step's new rows (at most MAX_DECODE_Q_LEN, none of them sinks) are held back by `update` and
-written by the attention call itself (`decode_attention(append=...)`, one launch fewer per layer
-and step); any other read of the pages writes them first (`_flush`).
+Every token's key and value is quantized into the pages as it arrives, except the first
+`sink_tokens` tokens of each sequence, which a table may keep exact in fp16. Attention reads every
+earlier position from the pages and a token's own position from its key and value as computed
+(exactly: the kernels' k_new/v_new rule; `new_rows`). On the kernels a decode step's new rows (at
+most MAX_DECODE_Q_LEN, none of them sinks) are held back by `update` and written by the attention
+call itself (`decode_attention(append=True)`, one launch fewer per layer and step); any other read
+of the pages writes them first (`_flush`).
 
 Backends: "kernels" keeps the pages on the GPU and appends and reads them with the CUDA library;
 "reference" uses the Python reference (any device); "auto" takes the kernels where they can run
@@ -64,7 +65,8 @@ class TurboQuantLayer(DynamicLayer):
         self.length = 0
         self.uses_kernels = False
         self._kernel_cache = None  # kernels.KernelCache of the current pools and block table
-        self._pending = None  # a decode step's (k, v) [batch, H, n, d] for the fused append
+        self._new = None  # the last update's packed rows (k, v) [batch, H, n, d], model dtype
+        self._pending = False  # whether they are still to be written (the fused append)
         self.is_initialized = False
 
     def lazy_initialization(self, key_states, value_states=None) -> None:
@@ -93,11 +95,12 @@ class TurboQuantLayer(DynamicLayer):
             self.sinks = tuple(torch.cat([s, x[:, :, :exact].to(torch.float16)], dim=2)
                                for s, x in zip(self.sinks, (key_states, value_states)))
         first = start + exact - self.sink_tokens
+        self._new = (key_states[:, :, exact:], value_states[:, :, exact:]) if steps > exact else None
         if self.uses_kernels and not exact and steps <= MAX_DECODE_Q_LEN:
             self._reserve(first + steps)
-            self._pending = (key_states, value_states)
+            self._pending = True
         elif steps > exact:
-            self._append(key_states[:, :, exact:], value_states[:, :, exact:], first)
+            self._append(*self._new, first)
         self.length = start + steps
         out = tuple(s.to(self.dtype).view_as(s) for s in self.sinks)  # fresh objects to tag
         for t in out:
@@ -124,16 +127,25 @@ class TurboQuantLayer(DynamicLayer):
         else:
             self.pages.append(self.block_table, flat[0], flat[1], seq_idx, pos)
 
-    def take_pending(self):
-        """The held-back rows (k, v) [batch, n, H, d] of the last n packed positions, or None; the
-        caller writes them (the fused append)."""
-        pending, self._pending = self._pending, None
-        return None if pending is None else tuple(x.transpose(1, 2) for x in pending)
+    def new_rows(self):
+        """The last update's packed rows (k, v) [batch, H, n, d] (the last n packed positions) and
+        whether they are still to be written: the caller then writes them (the fused append)."""
+        pending, self._pending = self._pending, False
+        return self._new, pending
+
+    def exact_rows(self, t: int):
+        """The last t positions' keys and values as computed (k, v) [batch, H, t, d], model dtype:
+        the last update's sink rows, then its packed rows."""
+        n = 0 if self._new is None else self._new[0].shape[2]
+        sinks = [s[:, :, self.sink_count - (t - n):].to(self.dtype) for s in self.sinks]
+        if not n:
+            return tuple(sinks)
+        return tuple(torch.cat([s, x], dim=2) for s, x in zip(sinks, self._new))
 
     def _flush(self) -> None:
-        if self._pending is not None:
-            k, v = self._pending
-            self._pending = None
+        if self._pending:
+            self._pending = False
+            k, v = self._new
             self._append(k, v, self.packed_length - k.shape[2])
 
     def _reserve(self, tokens: int) -> None:

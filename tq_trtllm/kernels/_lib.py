@@ -73,6 +73,11 @@ def find_library() -> Path | None:
 
 _P = ctypes.c_void_p
 _I32 = ctypes.c_int32
+# (cache, k_new, v_new, new_stride, q, out, lse, dtype, kv_lens, max_kv_len, batch, q_len,
+#  num_q_heads, softmax_scale, workspace, workspace_bytes, stream): all three attention entries
+_ATTENTION = (ctypes.c_int, [ctypes.POINTER(TqPagedCache), _P, _P, ctypes.c_int64, _P, _P, _P,
+                             ctypes.c_int, _P, _I32, _I32, _I32, _I32, ctypes.c_float, _P,
+                             ctypes.c_size_t, _P])
 _SIGNATURES = {
     "tq_last_error": (ctypes.c_char_p, []),
     "tq_check_format_version": (ctypes.c_int, [_I32]),
@@ -80,16 +85,9 @@ _SIGNATURES = {
     "tq_quantize_append": (ctypes.c_int, [ctypes.POINTER(TqPagedCache), _P, _P, ctypes.c_int64,
                                           ctypes.c_int, _P, _P, _I32, _I32, _P]),
     "tq_attention_workspace_bytes": (ctypes.c_size_t, [_I32, _I32, _I32, _I32, _I32, _I32]),
-    "tq_decode_attention": (ctypes.c_int, [ctypes.POINTER(TqPagedCache), _P, _P, _P, ctypes.c_int,
-                                           _P, _I32, _I32, _I32, _I32, ctypes.c_float, _P,
-                                           ctypes.c_size_t, _P]),
-    "tq_decode_attention_append": (ctypes.c_int, [ctypes.POINTER(TqPagedCache), _P, _P,
-                                                  ctypes.c_int64, _P, _P, _P, ctypes.c_int, _P,
-                                                  _I32, _I32, _I32, _I32, ctypes.c_float, _P,
-                                                  ctypes.c_size_t, _P]),
-    "tq_prefill_attention": (ctypes.c_int, [ctypes.POINTER(TqPagedCache), _P, _P, _P, ctypes.c_int,
-                                            _P, _I32, _I32, _I32, _I32, ctypes.c_float, _P,
-                                            ctypes.c_size_t, _P]),
+    "tq_decode_attention": _ATTENTION,
+    "tq_decode_attention_append": _ATTENTION,
+    "tq_prefill_attention": _ATTENTION,
     "tq_dequantize": (ctypes.c_int, [ctypes.POINTER(TqPagedCache), _I32, _I32, _I32, _P, _P,
                                      ctypes.c_int, _P]),
 }

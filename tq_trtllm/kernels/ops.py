@@ -150,7 +150,7 @@ def workspace_bytes(batch: int, q_len: int, num_q_heads: int, num_kv_heads: int,
 def _attention(fn_name: str, kc: KernelCache, q: torch.Tensor, kv_lens: torch.Tensor,
                max_kv_len: int, softmax_scale: float | None, out: torch.Tensor | None,
                workspace: torch.Tensor | None, lse: torch.Tensor | None,
-               new: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+               own: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
     if q.dim() != 4 or q.shape[-1] != kc.head_dim or not q.is_contiguous():
         raise TQError(f"q must be contiguous [batch, q_len, num_q_heads, {kc.head_dim}], got "
                       f"{list(q.shape)}")
@@ -167,14 +167,17 @@ def _attention(fn_name: str, kc: KernelCache, q: torch.Tensor, kv_lens: torch.Te
                             or not lse.is_contiguous() or lse.device != q.device):
         raise TQError(f"lse must be a contiguous float32 [{batch}, {q_len}, {hq}] tensor on "
                       f"{q.device}, got {lse.dtype} {list(lse.shape)} on {lse.device}")
-    rows = () if new is None else _new_rows(kc, new, q)
-    appended = (rows[0].data_ptr(), rows[1].data_ptr(), rows[0].stride(0)) if rows else ()
+    if own is None:
+        rows = (None, None, 0)
+    else:
+        k, v = _new_rows(kc, own, q)
+        rows = (k.data_ptr(), v.data_ptr(), k.stride(0))
     need = workspace_bytes(batch, q_len, hq, kc.cache.num_kv_heads, d, max_kv_len)
     if workspace is None:
         workspace = torch.empty(need, dtype=torch.uint8, device=q.device)
     scale = d**-0.5 if softmax_scale is None else softmax_scale
     fn = getattr(library(), fn_name)
-    check(fn(ctypes.byref(kc.struct), *appended, q.data_ptr(), out.data_ptr(),
+    check(fn(ctypes.byref(kc.struct), *rows, q.data_ptr(), out.data_ptr(),
              None if lse is None else lse.data_ptr(), _dtype_code(q.dtype),
              kv_lens.data_ptr(), max_kv_len, batch, q_len, hq, scale, workspace.data_ptr(),
              workspace.numel() * workspace.element_size(), _stream()), fn_name)
@@ -183,50 +186,55 @@ def _attention(fn_name: str, kc: KernelCache, q: torch.Tensor, kv_lens: torch.Te
 
 def _new_rows(kc: KernelCache, new: tuple[torch.Tensor, torch.Tensor],
               q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fused append's (k, v), each [batch, q_len, num_kv_heads, head_dim] in q's dtype, as
+    """The new tokens' (k, v), each [batch, q_len, num_kv_heads, head_dim] in q's dtype, as
     [batch * q_len, heads, head_dim] rows."""
-    _check_unbiased(kc, "decode_attention(append=...)")
     batch, q_len = q.shape[:2]
     h, d = kc.cache.num_kv_heads, kc.head_dim
     if any(x.dtype != q.dtype for x in new):
-        raise TQError(f"append's k and v must have q's dtype {q.dtype}, got "
+        raise TQError(f"own's k and v must have q's dtype {q.dtype}, got "
                       f"{new[0].dtype} and {new[1].dtype}")
     rows = []
     for name, x in zip("kv", new):
         if x.shape != (batch, q_len, h, d):
-            raise TQError(f"append's {name} must be [{batch}, {q_len}, {h}, {d}], got {list(x.shape)}")
+            raise TQError(f"own's {name} must be [{batch}, {q_len}, {h}, {d}], got {list(x.shape)}")
         x = x.reshape(batch * q_len, h, d)  # a view where the strides allow
         _check_rows(name, x, h, d)
         rows.append(x)
     if rows[0].stride(0) != rows[1].stride(0):
-        raise TQError("append's k and v must share their token stride")
+        raise TQError("own's k and v must share their token stride")
     return rows[0], rows[1]
 
 
 def decode_attention(kc: KernelCache, q: torch.Tensor, kv_lens: torch.Tensor, max_kv_len: int,
                      softmax_scale: float | None = None, out: torch.Tensor | None = None,
                      workspace: torch.Tensor | None = None, lse: torch.Tensor | None = None,
-                     append: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                     own: tuple[torch.Tensor, torch.Tensor] | None = None,
+                     append: bool = False) -> torch.Tensor:
     """q: [batch, q_len (1..8), num_q_heads, head_dim]; the last q_len positions of each sequence.
 
     lse, if given (float32 [batch, q_len, num_q_heads], contiguous, on q's device), receives each
     row's natural-log log-sum-exp of softmax_scale * q . k over the keys it sees (-inf if none), to
-    merge this attention with attention over keys outside the cache. append=(k, v), each
-    [batch, q_len, num_kv_heads, head_dim] in q's dtype, first writes the step's new keys and values
-    at those positions (tq_decode_attention_append: the quantize-append fused into the attention
-    launch). Returns out.
+    merge this attention with attention over keys outside the cache. own=(k, v), each
+    [batch, q_len, num_kv_heads, head_dim] in q's dtype: the new tokens' keys and values, with which
+    each query attends to its own position exactly (earlier ones through the cache). append=True
+    first writes them at those positions (tq_decode_attention_append: the quantize-append fused
+    into the attention launch). Returns out.
     """
-    name = "tq_decode_attention" if append is None else "tq_decode_attention_append"
-    return _attention(name, kc, q, kv_lens, max_kv_len, softmax_scale, out, workspace, lse, append)
+    if append:
+        if own is None:
+            raise TQError("decode_attention(append=True) needs own=(k, v), the rows to write")
+        _check_unbiased(kc, "decode_attention(append=True)")
+    name = "tq_decode_attention_append" if append else "tq_decode_attention"
+    return _attention(name, kc, q, kv_lens, max_kv_len, softmax_scale, out, workspace, lse, own)
 
 
 def prefill_attention(kc: KernelCache, q: torch.Tensor, kv_lens: torch.Tensor, max_kv_len: int,
                       softmax_scale: float | None = None, out: torch.Tensor | None = None,
-                      workspace: torch.Tensor | None = None,
-                      lse: torch.Tensor | None = None) -> torch.Tensor:
+                      workspace: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+                      own: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Like decode_attention for a chunk of any number of new query tokens (causal)."""
     return _attention("tq_prefill_attention", kc, q, kv_lens, max_kv_len, softmax_scale, out,
-                      workspace, lse)
+                      workspace, lse, own)
 
 
 def dequantize(kc: KernelCache, seq: int, start: int, length: int,

@@ -101,10 +101,16 @@ tq_status tq_quantize_append(const tq_paged_cache* cache, const void* k, const v
                              const int32_t* pos, int32_t num_tokens, int32_t batch,
                              tq_stream stream);
 
-/* Attention of q_len new query tokens per sequence against the sequence's whole packed history,
- * the new tokens' own keys included (they were appended first). Query token j of sequence b sits
- * at position kv_lens[b] - q_len + j and attends to positions <= its own (causal); a query token
- * that sees no position (kv_lens[b] < q_len - j) gets the value mean (zeros without a mean).
+/* Attention of q_len new query tokens per sequence against the sequence's packed history, the new
+ * tokens included (they were appended first). Query token j of sequence b sits at position
+ * kv_lens[b] - q_len + j and attends to positions <= its own (causal); a query token that sees no
+ * position (kv_lens[b] < q_len - j) gets the value mean (zeros without a mean).
+ * k_new, v_new: the new tokens' own keys and values as they were appended ([batch][q_len]
+ * [num_kv_heads][head_dim], token (b, j) at element offset (b * q_len + j) * new_stride, `dtype`,
+ * 4-byte aligned), or both NULL. Given, each query token attends to its OWN position with them,
+ * exactly (not through the cache; a decode kernel has them at hand, and the quantization error of
+ * the one key and value a token attends to most is not paid), and to every earlier position through
+ * the cache; NULL reads its own position from the cache like every other.
  * q, out: [batch][q_len][num_q_heads][head_dim] (contiguous, `dtype`); num_q_heads =
  * group * num_kv_heads with group in 1..TQ_MAX_GQA_GROUP; query head hq uses KV head hq / group.
  * kv_lens: device int32 [batch]. max_kv_len (host) bounds every kv_lens[b] and must not exceed
@@ -112,8 +118,9 @@ tq_status tq_quantize_append(const tq_paged_cache* cache, const void* k, const v
  * softmax_scale multiplies q . k (usually 1/sqrt(head_dim)).
  * lse: NULL, or device float32 [batch][q_len][num_q_heads] (4-byte aligned) that receives each
  * query row's natural-log log-sum-exp over the keys it sees, log(sum_i exp(softmax_scale *
- * q . k_hat_i)), k_hat the decoded key including the key mean; -inf for a row that sees no key.
- * With it a caller merges this attention with attention over keys kept outside the cache.
+ * q . k_i)), k_i the decoded key including the key mean (the exact own key with k_new); -inf for a
+ * row that sees no key. With it a caller merges this attention with attention over keys kept
+ * outside the cache.
  * workspace: device memory of at least tq_attention_workspace_bytes(...) bytes, 16-byte aligned,
  * for the partial softmax states of the split-KV passes; not shared between concurrent calls.
  * The split count (hence the size) depends on the arguments and on the current device's SM count:
@@ -123,23 +130,24 @@ tq_status tq_quantize_append(const tq_paged_cache* cache, const void* k, const v
  * contract and the same kernels. */
 size_t tq_attention_workspace_bytes(int32_t batch, int32_t q_len, int32_t num_q_heads,
                                     int32_t num_kv_heads, int32_t head_dim, int32_t max_kv_len);
-tq_status tq_decode_attention(const tq_paged_cache* cache, const void* q, void* out, float* lse,
+tq_status tq_decode_attention(const tq_paged_cache* cache, const void* k_new, const void* v_new,
+                              int64_t new_stride, const void* q, void* out, float* lse,
                               tq_dtype dtype, const int32_t* kv_lens, int32_t max_kv_len,
                               int32_t batch, int32_t q_len, int32_t num_q_heads,
                               float softmax_scale, void* workspace, size_t workspace_bytes,
                               tq_stream stream);
 /* tq_decode_attention with the step's quantize-append fused in (one launch fewer per step): first
- * writes k_new and v_new, the q_len new keys and values of each sequence ([batch][q_len]
- * [num_kv_heads][head_dim], token (b, j) at element offset (b * q_len + j) * new_stride, `dtype`,
- * 4-byte aligned), at positions kv_lens[b] - q_len + j, the same bytes tq_quantize_append writes,
- * then attends exactly as tq_decode_attention. The blocks of those positions must be in the table. */
+ * writes k_new and v_new (required here) at positions kv_lens[b] - q_len + j, the same bytes
+ * tq_quantize_append writes, then attends exactly as tq_decode_attention given the same rows. The
+ * blocks of those positions must be in the table. */
 tq_status tq_decode_attention_append(const tq_paged_cache* cache, const void* k_new,
                                      const void* v_new, int64_t new_stride, const void* q,
                                      void* out, float* lse, tq_dtype dtype,
                                      const int32_t* kv_lens, int32_t max_kv_len, int32_t batch,
                                      int32_t q_len, int32_t num_q_heads, float softmax_scale,
                                      void* workspace, size_t workspace_bytes, tq_stream stream);
-tq_status tq_prefill_attention(const tq_paged_cache* cache, const void* q, void* out, float* lse,
+tq_status tq_prefill_attention(const tq_paged_cache* cache, const void* k_new, const void* v_new,
+                               int64_t new_stride, const void* q, void* out, float* lse,
                                tq_dtype dtype, const int32_t* kv_lens, int32_t max_kv_len,
                                int32_t batch, int32_t q_len, int32_t num_q_heads,
                                float softmax_scale, void* workspace, size_t workspace_bytes,

@@ -1,0 +1,63 @@
+"""The attention rule every path follows (core.attention.masked_attention): causal over the cache,
+and each query's own position through the new tokens' exact key and value where they are given."""
+
+import pytest
+import torch
+
+from tq_trtllm.core.attention import bottom_right_causal, masked_attention, reference_attention
+
+
+def explicit(q, k, v, scale, own):
+    """Row by row, the definition: query j of the last T positions sees cache positions before its
+    own and then its own key and value from `own`. q [T, Hq, d]; k, v [S, Hkv, d]; own [T, Hkv, d]."""
+    t, hq, _ = q.shape
+    s, hkv, _ = k.shape
+    out = torch.zeros(t, hq, q.shape[-1], dtype=torch.float64)
+    for j in range(t):
+        pos = s - t + j
+        for h in range(hq):
+            kv = h // (hq // hkv)
+            keys = torch.cat([k[:pos, kv], own[0][j, kv][None]]).double()
+            values = torch.cat([v[:pos, kv], own[1][j, kv][None]]).double()
+            p = torch.softmax(keys @ q[j, h].double() * scale, dim=0)
+            out[j, h] = p @ values
+    return out
+
+
+@pytest.mark.parametrize("t,s,hq,hkv", [(1, 9, 4, 2), (5, 5, 3, 3), (4, 17, 8, 1)])
+def test_own_rows_replace_the_cache_at_each_querys_own_position(t, s, hq, hkv, gen):
+    q = torch.randn(t, hq, 16, generator=gen)
+    k, v = torch.randn(2, s, hkv, 16, generator=gen)
+    own = tuple(torch.randn(2, t, hkv, 16, generator=gen))
+    got = reference_attention(q, k, v, 0.25, own)
+    assert torch.allclose(got.double(), explicit(q, k, v, 0.25, own), atol=1e-5)
+    # without own rows the cache's own position is attended to (and the answers differ)
+    cached = reference_attention(q, k, v, 0.25)
+    assert torch.allclose(cached.double(), explicit(q, k, v, 0.25, (k[s - t:], v[s - t:])), atol=1e-5)
+    assert not torch.allclose(cached, got, atol=1e-3)
+
+
+def test_without_own_rows_it_is_sdpa_with_the_causal_mask(gen):
+    q = torch.randn(2, 6, 7, 32, generator=gen)
+    k, v = torch.randn(2, 2, 3, 20, 32, generator=gen)
+    allowed = bottom_right_causal(7, 20)
+    got, lse = masked_attention(q, k, v, 0.2, allowed)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=0.2,
+                                                            enable_gqa=True)
+    assert torch.allclose(got, want, atol=1e-5)
+    logits = q @ k.repeat_interleave(2, dim=1).transpose(-1, -2) * 0.2
+    assert torch.allclose(lse, logits.masked_fill(~allowed, float("-inf")).logsumexp(-1), atol=1e-5)
+
+
+def test_a_masked_own_position_is_not_seen_and_an_empty_row_gives_zero(gen):
+    q = torch.randn(1, 2, 3, 8, generator=gen)
+    k, v = torch.randn(2, 1, 1, 5, 8, generator=gen)
+    own = tuple(torch.randn(2, 1, 1, 3, 8, generator=gen))
+    allowed = bottom_right_causal(3, 5).clone()
+    allowed[2] = False          # row 2 sees nothing at all
+    allowed[1, 3] = False       # row 1's own position (3) is masked: only positions 0-2
+    out, lse = masked_attention(q, k, v, 0.5, allowed, own)
+    assert torch.equal(out[..., 2, :], torch.zeros_like(out[..., 2, :])) and (lse[..., 2] == -torch.inf).all()
+    seen_only = masked_attention(q[..., 1:2, :], k[..., :3, :], v[..., :3, :], 0.5,
+                                 torch.ones(1, 3, dtype=torch.bool))[0]
+    assert torch.allclose(out[..., 1:2, :], seen_only, atol=1e-6)
