@@ -7,18 +7,22 @@ import torch
 from tq_trtllm.core.attention import bottom_right_causal, masked_attention, reference_attention
 
 
-def explicit(q, k, v, scale, own):
-    """Row by row, the definition: query j of the last T positions sees cache positions before its
-    own and then its own key and value from `own`. q [T, Hq, d]; k, v [S, Hkv, d]; own [T, Hkv, d]."""
+def explicit(q, k, v, scale, exact, recent=1):
+    """Row by row, the definition: query j (position p = S - T + j) sees cache positions up to
+    p - recent and then p - recent + 1 .. p from `exact`, the rows of the last n positions (those
+    before them from the cache). q [T, Hq, d]; k, v [S, Hkv, d]; exact [n, Hkv, d]."""
     t, hq, _ = q.shape
     s, hkv, _ = k.shape
+    n = exact[0].shape[0]
     out = torch.zeros(t, hq, q.shape[-1], dtype=torch.float64)
     for j in range(t):
         pos = s - t + j
         for h in range(hq):
             kv = h // (hq // hkv)
-            keys = torch.cat([k[:pos, kv], own[0][j, kv][None]]).double()
-            values = torch.cat([v[:pos, kv], own[1][j, kv][None]]).double()
+            rows = [(k[i, kv], v[i, kv]) if i < pos - recent + 1 or i < s - n
+                    else (exact[0][i - s + n, kv], exact[1][i - s + n, kv]) for i in range(pos + 1)]
+            keys = torch.stack([r[0] for r in rows]).double()
+            values = torch.stack([r[1] for r in rows]).double()
             p = torch.softmax(keys @ q[j, h].double() * scale, dim=0)
             out[j, h] = p @ values
     return out
@@ -35,6 +39,17 @@ def test_own_rows_replace_the_cache_at_each_querys_own_position(t, s, hq, hkv, g
     cached = reference_attention(q, k, v, 0.25)
     assert torch.allclose(cached.double(), explicit(q, k, v, 0.25, (k[s - t:], v[s - t:])), atol=1e-5)
     assert not torch.allclose(cached, got, atol=1e-3)
+
+
+@pytest.mark.parametrize("t,s,n,recent", [(1, 9, 4, 4), (3, 12, 6, 4), (4, 10, 4, 2), (2, 6, 5, 8)])
+def test_a_recent_window_reads_each_querys_last_positions_exact(t, s, n, recent, gen):
+    q = torch.randn(1, 2, t, 16, generator=gen)
+    k, v = torch.randn(2, 1, 1, s, 16, generator=gen)
+    exact = tuple(torch.randn(2, 1, 1, n, 16, generator=gen))
+    got, _ = masked_attention(q, k, v, 0.25, bottom_right_causal(t, s), exact, recent)
+    want = explicit(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), 0.25,
+                    tuple(x[0].transpose(0, 1) for x in exact), recent)
+    assert torch.allclose(got[0].transpose(0, 1).double(), want, atol=1e-5)
 
 
 def test_without_own_rows_it_is_sdpa_with_the_causal_mask(gen):

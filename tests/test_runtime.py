@@ -58,14 +58,17 @@ def test_cache_holds_exactly_what_the_reference_codec_decodes(model, gen):
         assert torch.allclose(got, want, atol=1e-6)
 
 
-def test_attention_in_place_equals_dense_attention_over_the_cache(model, gen):
-    """packed_attention (sinks exact, packed tokens in place, own rows exact, merged by
-    log-sum-exp) against one softmax over the cache read back with the same own rows, for a prefill
-    whose first rows see sinks only, decode steps and a chunk."""
+@pytest.mark.parametrize("recent", [1, 3])
+def test_attention_in_place_equals_dense_attention_over_the_cache(model, gen, recent):
+    """packed_attention (sinks exact, the recent window from the rows as computed, older packed
+    tokens in place, merged by log-sum-exp) against one softmax over the cache read back with the
+    same exact rows, for a prefill whose first rows see sinks only, decode steps and a chunk."""
     from tq_trtllm.integrations.packed_attention import attend, dense_attention
 
     ids = torch.randint(4, 60, (1, 30), generator=gen)
-    cache = TurboQuantCache(table_for(model, 3, sinks=2))
+    table = table_for(model, 3, sinks=2)
+    table.recent_tokens = recent
+    cache = TurboQuantCache(table)
     checked = []
 
     def check(layer_idx, q, k, v):
@@ -73,17 +76,42 @@ def test_attention_in_place_equals_dense_attention_over_the_cache(model, gen):
         t, n = q.shape[2], layer.length
         dense_k, dense_v = layer.read_dense()
         scaling = q.shape[-1] ** -0.5
-        want = dense_attention(q, dense_k, dense_v, layer.exact_rows(t), None, scaling)
+        want = dense_attention(q, dense_k, dense_v, layer.exact, None, scaling, recent)
         got = attend(layer, q, scaling)
         assert torch.allclose(got, want, atol=2e-5), (layer_idx, t, n)
-        # the own rows are the raw ones, not the cache's: the packed ones differ from the pages
-        assert not torch.allclose(layer.exact_rows(t)[0][:, :, -1], dense_k[:, :, -1].float())
+        # the window holds the rows as computed (the step's, then the kept ones), not the pages'
+        assert layer.exact[0].shape[2] == min(n - 2, t + recent - 1)
+        assert not torch.allclose(layer.exact[0][:, :, -1], dense_k[:, :, -1].float())
         checked.append((t, n))
 
     with observe(check):
         for chunk in (ids[:, :20], ids[:, 20:21], ids[:, 21:22], ids[:, 22:30]):
             logits(model, chunk, cache)
     assert (20, 20) in checked and (1, 21) in checked and (8, 30) in checked
+
+
+def test_the_recent_window_is_read_exact_and_counted_as_stored(model, gen):
+    """With recent_tokens 4 a decode step attends to the last 4 positions as computed: dropping
+    the pages' copy of them changes nothing, and the window's 3 kept rows are counted in fp16."""
+    ids = torch.randint(4, 60, (1, 16), generator=gen)
+    table = table_for(model, 2)
+    table.recent_tokens = 4
+    cache = TurboQuantCache(table)
+    logits(model, ids[:, :15], cache)
+    for layer in cache.layers:  # spoil the pages' copy of the last 3 packed positions
+        k, v = layer.read_packed()
+        noise = tuple(x[:, :, -3:] + 5.0 for x in (k, v))
+        layer.pages.append(layer.block_table, *(x.transpose(1, 2).reshape(3, layer.num_kv_heads, -1)
+                                                for x in noise),
+                           torch.zeros(3, dtype=torch.int32), torch.arange(12, 15, dtype=torch.int32))
+    spoiled = logits(model, ids[:, 15:], cache)
+    clean = TurboQuantCache(table)
+    logits(model, ids[:, :15], clean)
+    assert torch.allclose(spoiled, logits(model, ids[:, 15:], clean), atol=1e-5)
+    fewer = oblivious_table(fingerprint("llama", model.config), 2, 2)
+    assert cache.stored_bytes() == table.cache_bytes(16)
+    assert table.layer_cache_bytes(0, 16) - fewer.layer_cache_bytes(0, 16) == \
+        3 * table.kv_heads * table.fp16_token_bytes()
 
 
 @pytest.mark.parametrize("case,expected", [("none", True), ("causal", True), ("additive", True),

@@ -6,6 +6,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from tq_trtllm.calibration.tables_io import load_table
 from tq_trtllm.cli.build import main as build
 from tq_trtllm.cli.run import main as run
 
@@ -33,4 +34,7 @@ def test_build_and_run_smollm2(tmp_path):
     assert ran.exit_code == 0, ran.output
     result = json.loads(ran.stdout)
     assert "Paris" in result["text"]
-    assert result["kv_bytes_fp16"] / result["kv_bytes"] > 4
+    table = load_table(out / manifest["tables"])
+    assert result["kv_bytes"] == table.cache_bytes(result["cached_tokens"])
+    fp16_per_token = result["kv_bytes_fp16"] / result["cached_tokens"]
+    assert table.cache_bytes(8192) * 4 < 8192 * fp16_per_token  # over 4x smaller at 8,192 tokens

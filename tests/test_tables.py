@@ -22,7 +22,7 @@ def calibrated_table(gen) -> KVTable:
                    value_scale=torch.rand(2, 64, generator=gen) + 0.5,
                    value_outliers=torch.arange(32).repeat(2, 1)),
     ]
-    return KVTable(FP, layers, 2, "3", {"mode": "calibrated", "source": "test"})
+    return KVTable(FP, layers, 2, "3", {"mode": "calibrated", "source": "test"}, recent_tokens=5)
 
 
 def test_round_trip(tmp_path, gen):
@@ -30,6 +30,7 @@ def test_round_trip(tmp_path, gen):
     save_table(table, tmp_path / "t.safetensors")
     back = load_table(tmp_path / "t.safetensors", FP)
     assert back.fingerprint == FP and back.sink_tokens == 2 and back.kv_bits == "3"
+    assert back.recent_tokens == 5
     assert back.calibration == table.calibration
     for a, b in zip(table.layers, back.layers):
         assert (a.key_width, a.value_width, a.seed) == (b.key_width, b.value_width, b.seed)
@@ -88,6 +89,7 @@ def _rewrite_header(path, edit):
     (lambda h, t: t.update({"layers.0.key_mean": torch.full((2, 64), float("nan"))}), "NaN"),
     (lambda h, t: t.update({"layers.0.key_outliers": torch.full((2, 32), 64)}), "channel indices"),
     (lambda h, t: h.pop("fingerprint"), "malformed header"),
+    (lambda h, t: h.update(recent_tokens=0), r"recent_tokens 0 lies outside 1\.\.64"),
 ])
 def test_damaged_header_or_tensors_are_refused(tmp_path, gen, edit, message):
     path = tmp_path / "t.safetensors"
@@ -110,3 +112,6 @@ def test_effective_bits_count_every_byte():
     exact = 4 * 2 * 2 * 2 * 64 * 2  # tokens x layers x K/V x heads x head_dim x fp16
     packed = 1020 * 2 * 2 * 2 * 26
     assert table.cache_bytes(1024) == exact + packed
+    table.recent_tokens = 8  # 7 more rows in fp16 beside the pages (which hold every token)
+    assert table.cache_bytes(1024) == exact + packed + 7 * 2 * 2 * 2 * 64 * 2
+    assert table.cache_bytes(6) == exact + 2 * 2 * 2 * 2 * 26 + 2 * 2 * 2 * 2 * 64 * 2

@@ -58,6 +58,7 @@ def write_engine(output: Path, family: str, checkpoint: str | None, backend: str
         "effective_bits": {"context": REFERENCE_CONTEXT,
                            "bits": table.effective_bits(REFERENCE_CONTEXT)},
         "sink_tokens": table.sink_tokens,
+        "recent_tokens": table.recent_tokens,
         "tables": TABLES,
         "fingerprint": table.fingerprint,
         "calibration": {k: v for k, v in table.calibration.items() if k != "fisher_costs"},

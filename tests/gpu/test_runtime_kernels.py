@@ -27,9 +27,10 @@ def model(request):
     return m
 
 
-def run(model, ids, backend, bits, sinks):
+def run(model, ids, backend, bits, sinks, recent=1):
     table = oblivious_table(fingerprint("llama", model.config), bits, bits)
     table.sink_tokens = sinks
+    table.recent_tokens = recent
     cache = TurboQuantCache(table, backend=backend)
     outs = []
     with torch.inference_mode():
@@ -38,12 +39,13 @@ def run(model, ids, backend, bits, sinks):
     return torch.cat(outs, dim=1).float(), cache
 
 
-@pytest.mark.parametrize("bits,sinks", [(3, 0), (3, 2), (4, 1), (2.5, 1)])
-def test_kernel_backend_matches_the_reference_backend(model, bits, sinks):
+@pytest.mark.parametrize("bits,sinks,recent", [(3, 0, 1), (3, 2, 1), (4, 1, 1), (2.5, 1, 1),
+                                               (3, 1, 4), (3, 0, 16)])
+def test_kernel_backend_matches_the_reference_backend(model, bits, sinks, recent):
     gen = torch.Generator().manual_seed(int(10 * bits) + sinks)
     ids = torch.randint(4, 60, (2, 37), generator=gen).cuda()
-    got, kc = run(model, ids, "kernels", bits, sinks)
-    want, rc = run(model, ids, "reference", bits, sinks)
+    got, kc = run(model, ids, "kernels", bits, sinks, recent)
+    want, rc = run(model, ids, "reference", bits, sinks, recent)
     assert kc.layers[0].uses_kernels and not rc.layers[0].uses_kernels
     assert torch.isfinite(got).all()
     # the same cache contents (codes equal but on decision boundaries, gains within an fp16 ulp)

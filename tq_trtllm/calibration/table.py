@@ -10,6 +10,7 @@ from ..core.quantizer import VectorCodec
 from ..core.spec import CodecSpec
 
 TABLE_VERSION = 1
+MAX_RECENT_TOKENS = 64  # the recent window's bound (tables, tq-build)
 FP16_BYTES = 2
 OUTLIER_INDEX_BYTES = 1
 
@@ -46,6 +47,9 @@ class KVTable:
     sink_tokens: int = 0  # the first tokens of every sequence, kept exact in fp16
     kv_bits: str = "3"  # the budget as asked for (parse_kv_bits syntax)
     calibration: dict = field(default_factory=dict)  # how it was made: data, options
+    # each query reads its recent_tokens most recent positions (its own included) exact: the
+    # last recent_tokens - 1 are kept in fp16 beside the pages, which hold every token too
+    recent_tokens: int = 1
 
     @property
     def head_dim(self) -> int:
@@ -74,12 +78,14 @@ class KVTable:
         return total
 
     def layer_cache_bytes(self, layer: int, tokens: int) -> int:
-        """Bytes of one layer's cache for a `tokens`-long sequence, all KV heads: pages + exact sinks."""
+        """Bytes of one layer's cache for a `tokens`-long sequence, all KV heads: pages, exact sinks
+        and the kept recent window."""
         t = self.layers[layer]
         sinks = min(tokens, self.sink_tokens)
+        window = min(tokens - sinks, self.recent_tokens - 1)
         per_token = (CodecSpec(self.head_dim, t.key_width).bytes_per_token
                      + CodecSpec(self.head_dim, t.value_width).bytes_per_token)
-        return self.kv_heads * ((tokens - sinks) * per_token + sinks * self.fp16_token_bytes())
+        return self.kv_heads * ((tokens - sinks) * per_token + (sinks + window) * self.fp16_token_bytes())
 
     def fp16_token_bytes(self) -> int:
         """One token's K and V of one layer and KV head in an fp16 cache."""

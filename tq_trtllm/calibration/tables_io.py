@@ -1,8 +1,8 @@
 """Tables on disk: one safetensors file whose metadata holds the JSON header.
 
-Header: table format version, the model fingerprint, the bit budget, the sink tokens, per-layer widths
-and seeds, and the calibration description. Loading checks all of it against the model and refuses a
-table that does not match, naming each field that differs.
+Header: table format version, the model fingerprint, the bit budget, the sink tokens, the recent
+window, per-layer widths and seeds, and the calibration description. Loading checks all of it
+against the model and refuses a table that does not match, naming each field that differs.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 from ..core.errors import TQError
 from ..core.spec import CodecSpec, parse_width
 from ..models.fingerprint import fingerprint_differences
-from .table import TABLE_VERSION, KVTable, LayerTable
+from .table import MAX_RECENT_TOKENS, TABLE_VERSION, KVTable, LayerTable
 
 HEADER_KEY = "tq_table"
 
@@ -41,6 +41,7 @@ def save_table(table: KVTable, path: str | Path) -> None:
         "fingerprint": table.fingerprint,
         "kv_bits": table.kv_bits,
         "sink_tokens": table.sink_tokens,
+        "recent_tokens": table.recent_tokens,
         "layers": [{"key_width": t.key_width, "value_width": t.value_width, "seed": t.seed}
                    for t in table.layers],
         "calibration": table.calibration,
@@ -103,7 +104,11 @@ def _from_header(header: dict, tensors: dict) -> KVTable:
     sinks = int(header["sink_tokens"])
     if sinks < 0:
         raise TQError(f"sink_tokens {sinks} is negative")
-    return KVTable(fp, layers, sinks, str(header["kv_bits"]), dict(header.get("calibration", {})))
+    recent = int(header.get("recent_tokens", 1))  # tables before the recent window: own position
+    if not 1 <= recent <= MAX_RECENT_TOKENS:
+        raise TQError(f"recent_tokens {recent} lies outside 1..{MAX_RECENT_TOKENS}")
+    return KVTable(fp, layers, sinks, str(header["kv_bits"]), dict(header.get("calibration", {})),
+                   recent)
 
 
 def _check_tensor(layer: LayerTable, name: str, t: torch.Tensor, kv_heads: int, head_dim: int,

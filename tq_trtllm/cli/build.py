@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from ..calibration.calibrate import CalibrationOptions, calibrate
-from ..calibration.table import oblivious_table
+from ..calibration.table import MAX_RECENT_TOKENS, oblivious_table
 from ..core.errors import TQError
 from ..core.spec import parse_kv_bits
 from ..eval.corpus import CALIBRATION_BOOK, read_corpus
@@ -45,6 +45,10 @@ def default_calibration_text() -> tuple[str, str]:
 @click.option("--oblivious", is_flag=True, help="Plain TurboQuant: no calibration data at all.")
 @click.option("--sink-tokens", type=click.IntRange(0, 64), default=1, show_default=True,
               help="First tokens of each sequence kept exact in fp16.")
+@click.option("--recent-tokens", type=click.IntRange(1, MAX_RECENT_TOKENS), default=8,
+              show_default=True,
+              help="Each query reads its N most recent positions (its own included) exact; the "
+                   "last N - 1 are kept in fp16 beside the pages and count in the effective bits.")
 @click.option("--key-mean/--no-key-mean", default=True, show_default=True)
 @click.option("--key-scale/--no-key-scale", default=True, show_default=True)
 @click.option("--value-mean/--no-value-mean", default=False, show_default=True)
@@ -59,8 +63,8 @@ def default_calibration_text() -> tuple[str, str]:
 @click.option("--seed", type=click.IntRange(0, 2**31), default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
 @clean_errors
-def main(family, kv_bits, checkpoint, calib_text, backend, output, oblivious, sink_tokens, key_mean,
-         key_scale, value_mean, value_scale, per_layer, calib_windows, retrieval_windows, seed, as_json):
+def main(family, kv_bits, checkpoint, calib_text, backend, output, oblivious, sink_tokens,
+         recent_tokens, key_mean, key_scale, value_mean, value_scale, per_layer, calib_windows, retrieval_windows, seed, as_json):
     family = get_family(family).name
     key_w, value_w = parse_kv_bits(kv_bits)
     if min(key_w, value_w) < MIN_WIDTH:
@@ -88,7 +92,8 @@ def main(family, kv_bits, checkpoint, calib_text, backend, output, oblivious, si
         table = oblivious_table(fingerprint(family, loaded.config), key_w, value_w, seed, kv_bits=tag)
     else:
         opts = CalibrationOptions(key_mean=key_mean, key_scale=key_scale, value_mean=value_mean,
-                                  value_scale=value_scale, sink_tokens=sink_tokens, per_layer=per_layer,
+                                  value_scale=value_scale, sink_tokens=sink_tokens,
+                                  recent_tokens=recent_tokens, per_layer=per_layer,
                                   windows=calib_windows, retrieval_windows=retrieval_windows, seed=seed)
         table = calibrate(loaded, text, tag, opts, source=source, progress=not as_json)
     manifest = write_engine(output, family, checkpoint, backend, table)

@@ -3,8 +3,8 @@
 The model calls `cache.update` first (TurboQuantCache quantizes the new tokens into its pages and
 returns its exact sink tokens, tagged with the layer) and then this function, which reads the
 packed tokens in place (packed_attention) when the mask is the plain causal one, and otherwise (a
-padded batch) attends densely over the cache read back, under the same rule (each token's own key
-and value exact). Keys tagged with the step's exact rows (`tq_own`: the evaluation's reference
+padded batch) attends densely over the cache read back, under the same rule (each token's most
+recent positions exact). Keys tagged with the step's exact rows (`tq_own`: the evaluation's reference
 caches) get that rule on their dense cache too. Untagged keys and values (no cache, or another cache) go to transformers' SDPA attention. It
 is also where calibration observes post-RoPE queries, keys and values, through `observe`.
 """
@@ -30,10 +30,10 @@ def turboquant_attention(module, query, key, value, attention_mask, **kwargs):
     if layer is not None:
         if is_bottom_right_causal(attention_mask, query.shape[2], layer.length):
             return attend(layer, query, scaling), None
-        own = layer.exact_rows(query.shape[2])
         key, value = layer.read_dense()
-    else:
-        own = getattr(key, "tq_own", None)
+        return dense_attention(query, key, value, layer.exact, attention_mask, scaling,
+                               layer.recent_tokens), None
+    own = getattr(key, "tq_own", None)
     if own is not None:
         return dense_attention(query, key, value, own, attention_mask, scaling), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)

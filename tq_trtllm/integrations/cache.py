@@ -1,12 +1,10 @@
 """TurboQuantCache: transformers' Cache interface over one PagedLayerCache per layer.
 
 Every token's key and value is quantized into the pages as it arrives, except the first
-`sink_tokens` tokens of each sequence, which a table may keep exact in fp16. Attention reads every
-earlier position from the pages and a token's own position from its key and value as computed
-(exactly: the kernels' k_new/v_new rule; `new_rows`). On the kernels a decode step's new rows (at
-most MAX_DECODE_Q_LEN, none of them sinks) are held back by `update` and written by the attention
-call itself (`decode_attention(append=True)`, one launch fewer per layer and step); any other read
-of the pages writes them first (`_flush`).
+`sink_tokens` tokens of each sequence, which a table may keep exact in fp16. A query attends to its
+`recent_tokens` most recent positions (its own included) through their keys and values as computed
+(the table's recent window: the last recent_tokens - 1 rows are kept in fp16 beside the pages, the
+step's own rows are at hand) and to every older one through the pages.
 
 Backends: "kernels" keeps the pages on the GPU and appends and reads them with the CUDA library;
 "reference" uses the Python reference (any device); "auto" takes the kernels where they can run
@@ -26,7 +24,6 @@ from .. import kernels
 from ..calibration.table import KVTable
 from ..core.errors import TQError
 from ..core.paged import PagedLayerCache
-from ..kernels.ops import MAX_DECODE_Q_LEN
 
 TOKENS_PER_BLOCK = 16
 BACKENDS = ("auto", "kernels", "reference")
@@ -47,13 +44,15 @@ def _kernels_for(backend: str, x: torch.Tensor) -> bool:
 
 class TurboQuantLayer(DynamicLayer):
     def __init__(self, key_codec, value_codec, num_kv_heads: int, sink_tokens: int,
-                 tokens_per_block: int = TOKENS_PER_BLOCK, backend: str = "auto"):
+                 recent_tokens: int = 1, tokens_per_block: int = TOKENS_PER_BLOCK,
+                 backend: str = "auto"):
         super().__init__()
         if backend not in BACKENDS:
             raise TQError(f"backend {backend!r} is unknown; use one of {', '.join(BACKENDS)}")
         self.codecs = (key_codec, value_codec)
         self.num_kv_heads = num_kv_heads
         self.sink_tokens = sink_tokens
+        self.recent_tokens = recent_tokens
         self.tokens_per_block = tokens_per_block
         self.backend = backend
         self._clear()
@@ -65,8 +64,9 @@ class TurboQuantLayer(DynamicLayer):
         self.length = 0
         self.uses_kernels = False
         self._kernel_cache = None  # kernels.KernelCache of the current pools and block table
-        self._new = None  # the last update's packed rows (k, v) [batch, H, n, d], model dtype
-        self._pending = False  # whether they are still to be written (the fused append)
+        # the most recent packed positions' rows as computed, (k, v) [batch, H, n, d], model dtype:
+        # the kept window (fp16) before the last update, then that update's packed rows
+        self.exact: tuple[torch.Tensor, torch.Tensor] | None = None
         self.is_initialized = False
 
     def lazy_initialization(self, key_states, value_states=None) -> None:
@@ -81,6 +81,7 @@ class TurboQuantLayer(DynamicLayer):
         self.block_table = torch.zeros(self.batch, 2, 0, dtype=torch.int32, device=self.device)
         empty = key_states[:, :, :0].to(torch.float16)
         self.sinks = (empty, empty.clone())
+        self.exact = (empty.to(self.dtype), empty.to(self.dtype))
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
@@ -88,19 +89,20 @@ class TurboQuantLayer(DynamicLayer):
         Returns the sink tokens, tagged with this layer for the attention function."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        self._flush()
         start, steps = self.length, key_states.shape[2]
         exact = max(0, min(self.sink_tokens, start + steps) - start)
         if exact:
             self.sinks = tuple(torch.cat([s, x[:, :, :exact].to(torch.float16)], dim=2)
                                for s, x in zip(self.sinks, (key_states, value_states)))
-        first = start + exact - self.sink_tokens
-        self._new = (key_states[:, :, exact:], value_states[:, :, exact:]) if steps > exact else None
-        if self.uses_kernels and not exact and steps <= MAX_DECODE_Q_LEN:
-            self._reserve(first + steps)
-            self._pending = True
-        elif steps > exact:
-            self._append(*self._new, first)
+        if steps > exact:
+            new = (key_states[:, :, exact:], value_states[:, :, exact:])
+            self._append(*new, start + exact - self.sink_tokens)
+            # the window kept from before (its last recent_tokens - 1 rows, stored in fp16), then
+            # the step's rows
+            keep = self.recent_tokens - 1
+            self.exact = tuple(torch.cat([w[:, :, w.shape[2] - keep:].to(torch.float16).to(self.dtype)
+                                          if keep else w[:, :, :0], x], dim=2)
+                               for w, x in zip(self.exact, new))
         self.length = start + steps
         out = tuple(s.to(self.dtype).view_as(s) for s in self.sinks)  # fresh objects to tag
         for t in out:
@@ -127,27 +129,6 @@ class TurboQuantLayer(DynamicLayer):
         else:
             self.pages.append(self.block_table, flat[0], flat[1], seq_idx, pos)
 
-    def new_rows(self):
-        """The last update's packed rows (k, v) [batch, H, n, d] (the last n packed positions) and
-        whether they are still to be written: the caller then writes them (the fused append)."""
-        pending, self._pending = self._pending, False
-        return self._new, pending
-
-    def exact_rows(self, t: int):
-        """The last t positions' keys and values as computed (k, v) [batch, H, t, d], model dtype:
-        the last update's sink rows, then its packed rows."""
-        n = 0 if self._new is None else self._new[0].shape[2]
-        sinks = [s[:, :, self.sink_count - (t - n):].to(self.dtype) for s in self.sinks]
-        if not n:
-            return tuple(sinks)
-        return tuple(torch.cat([s, x], dim=2) for s, x in zip(sinks, self._new))
-
-    def _flush(self) -> None:
-        if self._pending:
-            self._pending = False
-            k, v = self._new
-            self._append(k, v, self.packed_length - k.shape[2])
-
     def _reserve(self, tokens: int) -> None:
         """Blocks for `tokens` packed positions per sequence; block i of sequence b is chunk i*batch+b.
         The table at least doubles when it grows, so a long generation copies the pool O(log n) times."""
@@ -169,7 +150,6 @@ class TurboQuantLayer(DynamicLayer):
 
     def read_packed(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The packed tokens dequantized: K, V [batch, H, packed_length, d] in the model's dtype."""
-        self._flush()
         keys, values = [], []
         for b in range(self.batch):
             if self.uses_kernels:
@@ -216,8 +196,8 @@ class TurboQuantCache(Cache):
     def __init__(self, table: KVTable, tokens_per_block: int = TOKENS_PER_BLOCK,
                  backend: str = "auto"):
         self.table = table
-        layers = [TurboQuantLayer(*table.codecs(i), table.kv_heads, table.sink_tokens, tokens_per_block,
-                                  backend)
+        layers = [TurboQuantLayer(*table.codecs(i), table.kv_heads, table.sink_tokens,
+                                  table.recent_tokens, tokens_per_block, backend)
                   for i in range(len(table.layers))]
         super().__init__(layers=layers)
 

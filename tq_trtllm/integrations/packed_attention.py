@@ -1,19 +1,21 @@
 """Attention that reads a TurboQuantLayer in place: the packed tokens through the kernel library
-(CUDA) or the Python reference (CPU), the exact sink tokens densely, merged by log-sum-exp.
+(CUDA) or the Python reference (CPU), the layer's recent window and the exact sink tokens densely,
+merged by log-sum-exp.
 
 Query row j of a chunk of T new tokens sits at position `length - T + j` and sees every position up
 to its own (bottom-right causal). Rows at positions below the sink count see sinks only; every
-other row sees all sinks, the packed tokens before its own position and its own key and value
-exactly (the kernels' k_new/v_new rule), which the kernels' `kv_len - q_len + j` rule gives
-directly because packed position i is sequence position sinks + i. `dense_attention` applies the
-same rule to a dense cache (padded batches, the evaluation's reference caches).
+other row sees all sinks, its `recent_tokens` most recent positions through their rows as computed
+(`layer.exact`) and the older packed tokens through the pages. The kernels' `kv_len - q_len + j`
+rule gives the pages' part directly when kv_len is the packed length minus recent_tokens, because
+packed position i is sequence position sinks + i. `dense_attention` applies the same rule to a
+dense cache (padded batches, the evaluation's reference caches).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..core.attention import bottom_right_causal, masked_attention
+from ..core.attention import bottom_right_causal, masked_attention, recent_band
 from ..kernels import ops
 
 
@@ -53,39 +55,40 @@ def merge(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
 
 
 def dense_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                    own: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
-                    scaling: float) -> torch.Tensor:
-    """query [B, Hq, T, d] of the last T positions of a dense cache key, value [B, Hkv, S, d],
-    own = those T tokens' exact (k, v) [B, Hkv, T, d], under transformers' mask (any: padded
-    batches too). -> [B, T, Hq, d] in query's dtype."""
+                    exact: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
+                    scaling: float, recent: int = 1) -> torch.Tensor:
+    """query [B, Hq, T, d] of the last T positions of a dense cache key, value [B, Hkv, S, d];
+    exact = the last n positions' (k, v) [B, Hkv, n, d] as computed, read for each row's `recent`
+    most recent positions; under transformers' mask (any: padded batches too).
+    -> [B, T, Hq, d] in query's dtype."""
     allowed = mask_allows(mask, query.shape[2], key.shape[2], query.device)
-    out, _ = masked_attention(query, key, value, scaling, allowed, own)
+    out, _ = masked_attention(query, key, value, scaling, allowed, exact, recent)
     return out.transpose(1, 2).to(query.dtype)
 
 
 def _packed_kernels(layer, q: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernels over the layer's pages and the step's own rows: q [B, Hq, T, d] -> (output,
-    lse) as dense_part's."""
+    """The kernels over the layer's pages, each row up to its position minus recent_tokens:
+    q [B, Hq, T, d] -> (output, lse) as dense_part's."""
     b, hq, t, _ = q.shape
     rows = q.transpose(1, 2).contiguous()
     lse = torch.empty(b, t, hq, dtype=torch.float32, device=q.device)
-    lens = torch.full((b,), layer.packed_length, dtype=torch.int32, device=q.device)
-    own, append = layer.new_rows()  # append: the rows are still to be written (update held them back)
-    own = tuple(x.transpose(1, 2) for x in own)
-    if t <= ops.MAX_DECODE_Q_LEN:
-        out = ops.decode_attention(layer.kernel_cache(), rows, lens, layer.packed_length, scaling,
-                                   lse=lse, own=own, append=append)
-    else:
-        out = ops.prefill_attention(layer.kernel_cache(), rows, lens, layer.packed_length, scaling,
-                                    lse=lse, own=own)
+    older = max(0, layer.packed_length - layer.recent_tokens)
+    lens = torch.full((b,), older, dtype=torch.int32, device=q.device)
+    attention = ops.decode_attention if t <= ops.MAX_DECODE_Q_LEN else ops.prefill_attention
+    out = attention(layer.kernel_cache(), rows, lens, older, scaling, lse=lse)
     return out.transpose(1, 2).float(), lse.transpose(1, 2)
 
 
 def _packed_reference(layer, q: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
     k, v = layer.read_packed()
-    own, _ = layer.new_rows()
-    allowed = bottom_right_causal(q.shape[2], layer.packed_length, q.device)
-    return masked_attention(q, k, v, scaling, allowed, own)
+    return dense_part(q, k, v, scaling, layer.packed_length - layer.recent_tokens - q.shape[2])
+
+
+def _recent(layer, q: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's recent_tokens most recent packed positions, from their rows as computed."""
+    k, v = layer.exact
+    band = recent_band(q.shape[2], k.shape[2], layer.recent_tokens, q.device)
+    return masked_attention(q, k, v, scaling, band)
 
 
 def attend(layer, query: torch.Tensor, scaling: float) -> torch.Tensor:
@@ -101,7 +104,7 @@ def attend(layer, query: torch.Tensor, scaling: float) -> torch.Tensor:
     if early < t:
         late = query[:, :, early:]
         packed = _packed_kernels if layer.uses_kernels else _packed_reference
-        parts = [packed(layer, late, scaling)]
+        parts = [packed(layer, late, scaling), _recent(layer, late, scaling)]
         if sinks:
             parts.append(dense_part(late, sk, sv, scaling, sinks))
         outs.append(merge(parts))
