@@ -48,7 +48,8 @@ def default_calibration_text() -> tuple[str, str]:
 @click.option("--recent-tokens", type=click.IntRange(1, MAX_RECENT_TOKENS), default=8,
               show_default=True,
               help="Each query reads its N most recent positions (its own included) exact; the "
-                   "last N - 1 are kept in fp16 beside the pages and count in the effective bits.")
+                   "last N - 1 are kept in fp16 beside the pages and count in the effective bits "
+                   "(per-layer widths give code bits back for them; --uniform widths cannot).")
 @click.option("--key-mean/--no-key-mean", default=True, show_default=True)
 @click.option("--key-scale/--no-key-scale", default=True, show_default=True)
 @click.option("--value-mean/--no-value-mean", default=False, show_default=True)
