@@ -100,8 +100,8 @@ class TurboQuantLayer(DynamicLayer):
             # the window kept from before (its last recent_tokens - 1 rows, stored in fp16), then
             # the step's rows
             keep = self.recent_tokens - 1
-            self.exact = tuple(torch.cat([w[:, :, w.shape[2] - keep:].to(torch.float16).to(self.dtype)
-                                          if keep else w[:, :, :0], x], dim=2)
+            self.exact = tuple(torch.cat([w[:, :, max(0, w.shape[2] - keep):].to(torch.float16)
+                                          .to(self.dtype) if keep else w[:, :, :0], x], dim=2)
                                for w, x in zip(self.exact, new))
         self.length = start + steps
         out = tuple(s.to(self.dtype).view_as(s) for s in self.sinks)  # fresh objects to tag
