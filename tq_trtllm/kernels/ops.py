@@ -170,7 +170,7 @@ def _attention(fn_name: str, kc: KernelCache, q: torch.Tensor, kv_lens: torch.Te
     if own is None:
         rows = (None, None, 0)
     else:
-        k, v = _new_rows(kc, own, q)
+        k, v = _own_rows(kc, own, q)
         rows = (k.data_ptr(), v.data_ptr(), k.stride(0))
     need = workspace_bytes(batch, q_len, hq, kc.cache.num_kv_heads, d, max_kv_len)
     if workspace is None:
@@ -184,17 +184,17 @@ def _attention(fn_name: str, kc: KernelCache, q: torch.Tensor, kv_lens: torch.Te
     return out
 
 
-def _new_rows(kc: KernelCache, new: tuple[torch.Tensor, torch.Tensor],
+def _own_rows(kc: KernelCache, own: tuple[torch.Tensor, torch.Tensor],
               q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The new tokens' (k, v), each [batch, q_len, num_kv_heads, head_dim] in q's dtype, as
     [batch * q_len, heads, head_dim] rows."""
     batch, q_len = q.shape[:2]
     h, d = kc.cache.num_kv_heads, kc.head_dim
-    if any(x.dtype != q.dtype for x in new):
+    if any(x.dtype != q.dtype for x in own):
         raise TQError(f"own's k and v must have q's dtype {q.dtype}, got "
-                      f"{new[0].dtype} and {new[1].dtype}")
+                      f"{own[0].dtype} and {own[1].dtype}")
     rows = []
-    for name, x in zip("kv", new):
+    for name, x in zip("kv", own):
         if x.shape != (batch, q_len, h, d):
             raise TQError(f"own's {name} must be [{batch}, {q_len}, {h}, {d}], got {list(x.shape)}")
         x = x.reshape(batch * q_len, h, d)  # a view where the strides allow
