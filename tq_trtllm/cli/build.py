@@ -65,7 +65,8 @@ def default_calibration_text() -> tuple[str, str]:
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
 @clean_errors
 def main(family, kv_bits, checkpoint, calib_text, backend, output, oblivious, sink_tokens,
-         recent_tokens, key_mean, key_scale, value_mean, value_scale, per_layer, calib_windows, retrieval_windows, seed, as_json):
+         recent_tokens, key_mean, key_scale, value_mean, value_scale, per_layer, calib_windows,
+         retrieval_windows, seed, as_json):
     family = get_family(family).name
     key_w, value_w = parse_kv_bits(kv_bits)
     if min(key_w, value_w) < MIN_WIDTH:

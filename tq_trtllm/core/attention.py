@@ -36,8 +36,9 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     """
     group = q.shape[-3] // k.shape[-3]
     t, s = q.shape[-2], k.shape[-2]
+    qf = q.float()
     kf, vf = (x.float().repeat_interleave(group, dim=-3) for x in (k, v))
-    logits = q.float() @ kf.transpose(-1, -2) * scale
+    logits = qf @ kf.transpose(-1, -2) * scale
     if exact is None:
         logits = logits.masked_fill(~allowed, float("-inf"))
         values = vf
@@ -47,11 +48,10 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
         in_band = torch.zeros(t, s, dtype=torch.bool, device=q.device)
         in_band[:, s - n:] = band
         ek, ev = (x.float().repeat_interleave(group, dim=-3) for x in exact)
-        elogits = (q.float() @ ek.transpose(-1, -2) * scale).masked_fill(
+        elogits = (qf @ ek.transpose(-1, -2) * scale).masked_fill(
             ~(band & allowed.expand(logits.shape)[..., s - n:]), float("-inf"))
         logits = torch.cat([logits.masked_fill(~allowed | in_band, float("-inf")), elogits], dim=-1)
-        values = torch.cat([vf.expand(*logits.shape[:-2], s, vf.shape[-1]),
-                            ev.expand(*logits.shape[:-2], n, ev.shape[-1])], dim=-2)
+        values = torch.cat([vf, ev], dim=-2)
     lse = torch.logsumexp(logits, dim=-1)
     # rows that see nothing (lse = -inf) get weight 0; keep their output finite
     p = torch.exp(logits - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])

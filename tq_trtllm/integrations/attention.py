@@ -4,9 +4,10 @@ The model calls `cache.update` first (TurboQuantCache quantizes the new tokens i
 returns its exact sink tokens, tagged with the layer) and then this function, which reads the
 packed tokens in place (packed_attention) when the mask is the plain causal one, and otherwise (a
 padded batch) attends densely over the cache read back, under the same rule (each token's most
-recent positions exact). Keys tagged with the step's exact rows (`tq_own`: the evaluation's reference
-caches) get that rule on their dense cache too. Untagged keys and values (no cache, or another cache) go to transformers' SDPA attention. It
-is also where calibration observes post-RoPE queries, keys and values, through `observe`.
+recent positions exact). Keys tagged with the step's exact rows (`tq_own`: the evaluation's
+reference caches) get that rule on their dense cache too. Untagged keys and values (no cache, or
+another cache) go to transformers' SDPA attention. It is also where calibration observes post-RoPE
+queries, keys and values, through `observe`.
 """
 
 from __future__ import annotations

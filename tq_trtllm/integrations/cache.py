@@ -99,10 +99,9 @@ class TurboQuantLayer(DynamicLayer):
             self._append(*new, start + exact - self.sink_tokens)
             # the window kept from before (its last recent_tokens - 1 rows, stored in fp16), then
             # the step's rows
-            keep = self.recent_tokens - 1
-            self.exact = tuple(torch.cat([w[:, :, max(0, w.shape[2] - keep):].to(torch.float16)
-                                          .to(self.dtype) if keep else w[:, :, :0], x], dim=2)
-                               for w, x in zip(self.exact, new))
+            first_kept = max(0, self.exact[0].shape[2] - (self.recent_tokens - 1))
+            self.exact = tuple(torch.cat([w[:, :, first_kept:].to(torch.float16).to(self.dtype), x],
+                                         dim=2) for w, x in zip(self.exact, new))
         self.length = start + steps
         out = tuple(s.to(self.dtype).view_as(s) for s in self.sinks)  # fresh objects to tag
         for t in out:
