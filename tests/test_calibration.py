@@ -6,7 +6,8 @@ import torch
 from hf_fixtures import tiny_model, tiny_text, tiny_tokenizer
 from tq_trtllm.calibration.allocate import EFFECTIVE_OVERHEAD, allocate_widths
 from tq_trtllm.calibration.calibrate import CalibrationOptions, calibrate, collect_stats
-from tq_trtllm.calibration.capture import token_windows
+from tq_trtllm.calibration.capture import run_observed, token_windows
+from tq_trtllm.calibration.sensitivity import fisher_gradients
 from tq_trtllm.calibration.stats import ChannelStats, output_weights
 from tq_trtllm.core.quantizer import VectorCodec
 from tq_trtllm.core.spec import CodecSpec
@@ -180,3 +181,21 @@ def test_retrieval_windows_enter_the_fisher_costs(loaded):
     assert a.keys() == b.keys()
     # the costs are sums over windows: two more windows add to every slot's cost
     assert all(b[slot][w] > a[slot][w] for slot in a for w in a[slot])
+
+
+@pytest.mark.parametrize("recent", [1, 4])
+def test_fisher_gradients_come_from_the_queries_beyond_the_window(loaded, recent):
+    windows = token_windows(loaded.tokenizer, tiny_text(200), 32, 1)
+    captured = fisher_gradients(loaded.model, windows, samples=1, seed=0, recent=recent)
+    k, _, grads_k, grads_v = captured[1]
+    t = k.shape[2]
+    for g in (grads_k[0], grads_v[0]):
+        per_token = g.abs().sum(dim=(0, 1, 3))
+        # position p is read through the cache only by queries at p + recent and later
+        assert torch.all(per_token[t - recent:] == 0)
+        assert torch.all(per_token[: t - recent] > 0)
+    # the rule changes what the gradients count, not what the model computes
+    sdpa = run_observed(loaded.model, windows, lambda *a: None)
+    ruled = run_observed(loaded.model, windows, lambda l, q, key, v: setattr(
+        key, "tq_exact", (key.detach(), v.detach(), recent)))
+    assert torch.allclose(sdpa, ruled, atol=1e-4)

@@ -120,7 +120,8 @@ def measure_costs(model, windows: torch.Tensor, stats: list[ChannelStats], head_
     costs: dict = {}
     bar = tqdm(total=windows.shape[0] * len(stats), desc="layer sensitivity", disable=not progress)
     for row in windows:
-        captured = fisher_gradients(model, row[None], opts.fisher_samples, opts.seed)
+        captured = fisher_gradients(model, row[None], opts.fisher_samples, opts.seed,
+                                    opts.recent_tokens)
         for layer, (k, v, grads_k, grads_v) in captured.items():
             for width in CANDIDATE_WIDTHS:
                 codecs = _layer_table(stats[layer], head_dim, width, width, opts.seed + layer,

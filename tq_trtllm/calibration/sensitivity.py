@@ -10,6 +10,12 @@ forward pass and a few backward passes price every (layer, K/V, width) at once.
 Quantization errors of different tokens and heads are independent and nearly zero-mean, so the
 cross terms of (g . delta)^2 between vectors vanish in expectation; summing the per-vector terms
 (g_t . delta_t)^2 keeps the expectation and removes most of the variance of one squared sum.
+
+A query reads its `recent` most recent positions (its own included) as computed, never through the
+cache, so a token's quantization error reaches only the queries farther away. The gradients are
+taken under that rule: the near queries read a detached copy of the keys and values, and g_t sums
+the far queries' share alone. (Without it, a layer whose heads look at the previous token is priced
+as if the cache served that token, and the allocator spends bits where the window already helps.)
 """
 
 from __future__ import annotations
@@ -19,13 +25,15 @@ import torch
 from .capture import run_observed
 
 
-def fisher_gradients(model, windows: torch.Tensor, samples: int, seed: int):
-    """Per layer: (k, v, grads_k, grads_v), grads a list over label samples; tensors [B, H, T, d]."""
+def fisher_gradients(model, windows: torch.Tensor, samples: int, seed: int, recent: int):
+    """Per layer: (k, v, grads_k, grads_v), grads a list over label samples; tensors [B, H, T, d].
+    Each query reads its `recent` most recent positions exactly, so they add nothing to the grads."""
     captured = {}
 
     def keep(layer, query, key, value):
         key.retain_grad()
         value.retain_grad()
+        key.tq_exact = (key.detach(), value.detach(), recent)
         captured[layer] = (key, value)
 
     logits = run_observed(model, windows, keep, grad=True)

@@ -1,7 +1,7 @@
 """Reference caches to compare TurboQuant with, for evaluation only: each stores dense K/V after
 a quantize-dequantize roundtrip of every token as it is written, with the packed cache's attention
 rule: a token attends to every earlier position through the cache and to its own key and value
-exactly (the step's rows travel with the keys as `tq_own`; integrations.attention applies the rule).
+exactly (the step's rows travel with the keys as `tq_exact`; integrations.attention applies the rule).
 
   fp16      the baseline every delta is measured against
   fp8       float8 e4m3 with one scale per tensor (each layer's K or V of the sequence)
@@ -74,7 +74,7 @@ class RoundtripLayer(DynamicLayer):
     def update(self, key_states, value_states, *args, **kwargs):
         keys, values = super().update(self.roundtrip(key_states), self.roundtrip(value_states),
                                       *args, **kwargs)
-        keys.tq_own = (key_states, value_states)
+        keys.tq_exact = (key_states, value_states, 1)
         return keys, values
 
 

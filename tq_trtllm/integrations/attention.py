@@ -4,9 +4,10 @@ The model calls `cache.update` first (TurboQuantCache quantizes the new tokens i
 returns its exact sink tokens, tagged with the layer) and then this function, which reads the
 packed tokens in place (packed_attention) when the mask is the plain causal one, and otherwise (a
 padded batch) attends densely over the cache read back, under the same rule (each token's most
-recent positions exact). Keys tagged with the step's exact rows (`tq_own`: the evaluation's
-reference caches) get that rule on their dense cache too. Untagged keys and values (no cache, or
-another cache) go to transformers' SDPA attention. It is also where calibration observes post-RoPE
+recent positions exact). Keys tagged `tq_exact` = (k, v, recent), the step's rows as computed and
+how many recent positions each query reads from them (the evaluation's reference caches, the
+calibration's sensitivity pass), get that rule on their dense keys too. Untagged keys and values
+(no cache, or another cache) go to transformers' SDPA attention. It is also where calibration observes post-RoPE
 queries, keys and values, through `observe`.
 """
 
@@ -34,9 +35,10 @@ def turboquant_attention(module, query, key, value, attention_mask, **kwargs):
         key, value = layer.read_dense()
         return dense_attention(query, key, value, layer.exact, attention_mask, scaling,
                                layer.recent_tokens), None
-    own = getattr(key, "tq_own", None)
-    if own is not None:
-        return dense_attention(query, key, value, own, attention_mask, scaling), None
+    exact = getattr(key, "tq_exact", None)
+    if exact is not None:
+        *rows, recent = exact
+        return dense_attention(query, key, value, tuple(rows), attention_mask, scaling, recent), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
