@@ -7,6 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from hf_fixtures import save_tiny_checkpoint, tiny_text
+from tq_trtllm.calibration.calibrate import CalibrationOptions
 from tq_trtllm.calibration.tables_io import load_table
 from tq_trtllm.cli.build import main as build
 from tq_trtllm.cli.eval import main as tq_eval
@@ -86,7 +87,7 @@ def test_run_prints_text_and_kv_bytes(engine):
     # the pages, the exact sink and the recent window's kept rows, as the table counts them (the
     # window's fp16 rows dominate so short a sequence; at long context the pages do)
     table = load_table(engine / TABLES)
-    assert table.recent_tokens == 8 and out["kv_bytes"] == table.cache_bytes(out["cached_tokens"])
+    assert table.recent_tokens == CalibrationOptions.recent_tokens and out["kv_bytes"] == table.cache_bytes(out["cached_tokens"])
     fp16_per_token = out["kv_bytes_fp16"] / out["cached_tokens"]
     assert table.cache_bytes(4096) * 3 < 4096 * fp16_per_token  # over 3x smaller at 4,096 tokens
     from tq_trtllm import kernels

@@ -418,8 +418,7 @@ template <int D, typename T>
 __device__ inline float own_score(const AttnArgs& a, int b, int kvh, int j, const T* qv) {
   constexpr int E = D / 32;
   const int lane = threadIdx.x & 31;
-  const int len = max(0, min(a.kv_lens[b], a.max_kv_len));
-  if (!a.new_kv[0] || len - a.q_len + j < 0) return -INFINITY;
+  if (!a.new_kv[0] || seq_len(a, b) - a.q_len + j < 0) return -INFINITY;
   const CodecLayout& kl = a.cache.codec[0];
   const T* kx = static_cast<const T*>(a.new_kv[0]) + (int64_t(b) * a.q_len + j) * a.new_stride + int64_t(kvh) * D;
   float dot = 0.0f;

@@ -91,6 +91,9 @@ __device__ inline float fast_exp2(float x) {
   return y;
 }
 
+// Sequence b's length as the kernels read it: kv_lens[b] clamped to [0, max_kv_len].
+__device__ inline int seq_len(const AttnArgs& a, int b) { return max(0, min(a.kv_lens[b], a.max_kv_len)); }
+
 // The keys a CTA of query rows [row0, row0 + cta_rows) reads in its split: [begin, end), cut at
 // the sequence's length `len` and after the last cached position any of its rows may see (causal:
 // up to its own, or up to the one before with own_lag); tokens before full_end are visible to every
@@ -100,7 +103,7 @@ struct CtaKeys {
 };
 __device__ inline CtaKeys cta_keys(const AttnArgs& a, int b, int split, int row0, int cta_rows) {
   CtaKeys k;
-  k.len = max(0, min(a.kv_lens[b], a.max_kv_len));
+  k.len = seq_len(a, b);
   const int last_row = min(a.rows, row0 + cta_rows) - 1;
   k.begin = split * a.split_tokens;
   k.end = min(min(k.len, k.len - a.q_len + last_row / a.group + 1 - a.own_lag), k.begin + a.split_tokens);

@@ -30,9 +30,10 @@ class CalibrationOptions:
     value_mean: bool = False
     value_scale: bool = False  # per-channel value scale from value statistics and o_proj weights
     sink_tokens: int = 0  # first tokens kept exact in fp16
-    # each query's most recent positions read exact (table.recent_tokens); 8 took calibrated 3-bit
-    # from +4.7% to +1.9% perplexity at the same effective bits (docs/QUALITY.md, session 5)
-    recent_tokens: int = 8
+    # each query's most recent positions read exact (table.recent_tokens); 16 took calibrated 3-bit
+    # from +4.7% (own position only) to +1.4% perplexity at the same effective bits, 8 to +1.8%
+    # (docs/QUALITY.md, session 6)
+    recent_tokens: int = 16
     per_layer: bool = True  # per-layer widths under the budget (else the same widths everywhere)
     window: int = 512  # calibration window length, tokens
     windows: int = 8  # windows for the statistics

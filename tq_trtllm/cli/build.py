@@ -45,7 +45,8 @@ def default_calibration_text() -> tuple[str, str]:
 @click.option("--oblivious", is_flag=True, help="Plain TurboQuant: no calibration data at all.")
 @click.option("--sink-tokens", type=click.IntRange(0, 64), default=1, show_default=True,
               help="First tokens of each sequence kept exact in fp16.")
-@click.option("--recent-tokens", type=click.IntRange(1, MAX_RECENT_TOKENS), default=8,
+@click.option("--recent-tokens", type=click.IntRange(1, MAX_RECENT_TOKENS),
+              default=CalibrationOptions.recent_tokens,
               show_default=True,
               help="Each query reads its N most recent positions (its own included) exact; the "
                    "last N - 1 are kept in fp16 beside the pages and count in the effective bits "
