@@ -411,24 +411,27 @@ __device__ inline void load_floats(const float* p, float (&v)[E]) {
   }
 }
 
-// The own-position term of query row r (AttnArgs::new_kv): its score q . (k - key mean), times
+// q . x over one query row's D channels, x(ch) a channel's value: each lane sums its E channels,
+// then the warp; every lane gets the result.
+template <int D, typename T, typename X>
+__device__ inline float warp_q_dot(const T* qv, X x) {
+  constexpr int E = D / 32;
+  const int lane = threadIdx.x & 31;
+  float dot = 0.0f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) dot += to_float(qv[lane * E + e]) * x(lane * E + e);
+  for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+  return dot;
+}
+
+// The own-position term of query row r (AttnArgs::new_kv): its score q . k - q . mean (qm), times
 // q_scale (the splits' units: they leave the key mean out too), computed by every warp of the merge
 // CTA; -inf where the call has no new rows or the row's position lies before the sequence.
 template <int D, typename T>
-__device__ inline float own_score(const AttnArgs& a, int b, int kvh, int j, const T* qv) {
-  constexpr int E = D / 32;
-  const int lane = threadIdx.x & 31;
+__device__ inline float own_score(const AttnArgs& a, int b, int kvh, int j, const T* qv, float qm) {
   if (!a.new_kv[0] || seq_len(a, b) - a.q_len + j < 0) return -INFINITY;
-  const CodecLayout& kl = a.cache.codec[0];
   const T* kx = static_cast<const T*>(a.new_kv[0]) + (int64_t(b) * a.q_len + j) * a.new_stride + int64_t(kvh) * D;
-  float dot = 0.0f;
-#pragma unroll
-  for (int e = 0; e < E; ++e) {
-    const int ch = lane * E + e;
-    dot += to_float(qv[ch]) * (to_float(kx[ch]) - mean_of(kl, kvh, ch));
-  }
-  for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-  return a.q_scale * dot;
+  return a.q_scale * (warp_q_dot<D>(qv, [&](int ch) { return to_float(kx[ch]); }) - qm);
 }
 
 template <int D, typename T>
@@ -446,8 +449,14 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(AttnArgs a, int
   const int j = r / a.group, hq = kvh * a.group + r % a.group;
   const int64_t row = (int64_t(b) * a.q_len + j) * a.num_q_heads + hq;
   const T* qv = static_cast<const T*>(a.q) + row * D;
+  // q . key mean (original channels): the splits' scores leave it out; the own score and the
+  // log-sum-exp need it.
+  const CodecLayout& kl = a.cache.codec[0];
+  const float qm = kl.mean && (a.lse || a.new_kv[0])
+                       ? warp_q_dot<D>(qv, [&](int ch) { return mean_of(kl, kvh, ch); })
+                       : 0.0f;
   // The own position's score joins the splits' states like one more split of one token.
-  const float s_own = own_score<D, T>(a, b, kvh, j, qv);
+  const float s_own = own_score<D, T>(a, b, kvh, j, qv, qm);
   // Launched early (programmatic dependent launch): wait until the split pass's writes are visible.
   asm volatile("griddepcontrol.wait;" ::: "memory");
   // The splits' running maxima, read by all threads at once.
@@ -490,18 +499,9 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(AttnArgs a, int
   for (int w = 0; w < kMergeWarps; ++w) l_all += l_s[w];
   const float w_own = s_own == -INFINITY ? 0.0f : exp2f(s_own - m_all);
   const float l_sum = l_all + w_own;
-  if (a.lse) {
-    // The scores left out q . mean (the key mean, original channels): add it back, in base 2.
-    const CodecLayout& kl = a.cache.codec[0];
-    float qm = 0.0f;
-    if (kl.mean) {
-#pragma unroll
-      for (int e = 0; e < E; ++e) qm += to_float(qv[lane * E + e]) * mean_of(kl, kvh, lane * E + e);
-      for (int o = 16; o > 0; o >>= 1) qm += __shfl_xor_sync(0xffffffffu, qm, o);
-    }
-    if (lane == 0)
-      a.lse[row] = l_sum > 0.0f ? (m_all + log2f(l_sum) + a.q_scale * qm) * kLn2 : -INFINITY;
-  }
+  // The log-sum-exp with q . mean added back, in base 2.
+  if (a.lse && lane == 0)
+    a.lse[row] = l_sum > 0.0f ? (m_all + log2f(l_sum) + a.q_scale * qm) * kLn2 : -INFINITY;
   // out = (R^-1(acc) * value scale + l_all * value mean + w_own * v_own) / l_sum: the cached
   // tokens' decoded values each carry the value mean; a row that sees nothing gets the mean.
   const float inv = l_sum > 0.0f ? 1.0f / l_sum : 0.0f;
@@ -641,7 +641,6 @@ tq_status attention(const char* name, int max_q_len, const tq_paged_cache* cache
   a.new_kv[0] = new_k;
   a.new_kv[1] = new_v;
   a.new_stride = new_stride;
-  a.own_lag = new_k ? 1 : 0;
   a.append = append;
   if (!q || !out || !kv_lens)
     return fail(TQ_ERR_NULL_POINTER, "%s: q, out and kv_lens must not be NULL", name);

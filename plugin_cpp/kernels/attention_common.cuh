@@ -42,10 +42,9 @@ struct AttnArgs {
   float q_scale;        // softmax_scale * log2(e)
   // The call's new keys and values, the rows of the last q_len positions (k_new, v_new), or null.
   // Given, each query row's own position is attended with them exactly (merge pass) and the
-  // passes over the cache stop one position earlier (own_lag 1).
+  // passes over the cache stop one position earlier (own_lag).
   const void* new_kv[2];
   int64_t new_stride;     // their token stride, elements
-  int own_lag;            // 1 with new_kv, else 0
   bool append;            // the split pass first writes new_kv into the pages (the fused append)
   float* ws_o;          // [batch][Hkv][row_tiles * 16][splits][D]: unnormalized partial outputs
   float2* ws_ml;        // [batch][Hkv][row_tiles * 16][splits]: (running max, sum) in base 2
@@ -91,6 +90,10 @@ __device__ inline float fast_exp2(float x) {
   return y;
 }
 
+// How many positions before its own a query row's reads of the cache stop: 1 with new_kv (the own
+// position is taken exactly in the merge pass), else 0.
+__device__ inline int own_lag(const AttnArgs& a) { return a.new_kv[0] ? 1 : 0; }
+
 // Sequence b's length as the kernels read it: kv_lens[b] clamped to [0, max_kv_len].
 __device__ inline int seq_len(const AttnArgs& a, int b) { return max(0, min(a.kv_lens[b], a.max_kv_len)); }
 
@@ -106,14 +109,14 @@ __device__ inline CtaKeys cta_keys(const AttnArgs& a, int b, int split, int row0
   k.len = seq_len(a, b);
   const int last_row = min(a.rows, row0 + cta_rows) - 1;
   k.begin = split * a.split_tokens;
-  k.end = min(min(k.len, k.len - a.q_len + last_row / a.group + 1 - a.own_lag), k.begin + a.split_tokens);
-  k.full_end = min(k.end, k.len - a.q_len + row0 / a.group + 1 - a.own_lag);
+  k.end = min(min(k.len, k.len - a.q_len + last_row / a.group + 1 - own_lag(a)), k.begin + a.split_tokens);
+  k.full_end = min(k.end, k.len - a.q_len + row0 / a.group + 1 - own_lag(a));
   return k;
 }
 
 // The last cached position query row r reads; padding rows (r >= rows) are never written out: no limit.
 __device__ inline int causal_limit(const AttnArgs& a, int len, int r) {
-  return r < a.rows ? len - a.q_len + r / a.group - a.own_lag : INT_MAX;
+  return r < a.rows ? len - a.q_len + r / a.group - own_lag(a) : INT_MAX;
 }
 
 // The workspace slot of query row r's partial state in split `split` (AttnArgs::ws_o, ws_ml).
