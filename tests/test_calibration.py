@@ -7,6 +7,7 @@ from hf_fixtures import tiny_model, tiny_text, tiny_tokenizer
 from tq_trtllm.calibration.allocate import EFFECTIVE_OVERHEAD, allocate_widths
 from tq_trtllm.calibration.calibrate import CalibrationOptions, calibrate, collect_stats
 from tq_trtllm.calibration.capture import run_observed, token_windows
+from tq_trtllm.calibration.page_mass import lse_inflation, measure_page_shifts
 from tq_trtllm.calibration.sensitivity import fisher_gradients
 from tq_trtllm.calibration.stats import ChannelStats, output_weights
 from tq_trtllm.core.quantizer import VectorCodec
@@ -199,3 +200,43 @@ def test_fisher_gradients_come_from_the_queries_beyond_the_window(loaded, recent
     ruled = run_observed(loaded.model, windows, lambda l, q, key, v: setattr(
         key, "tq_exact", (key.detach(), v.detach(), recent)))
     assert torch.allclose(sdpa, ruled, atol=1e-4)
+
+
+def test_lse_inflation_is_half_the_logit_noise_variance(gen):
+    """Logit noise e ~ N(0, sigma^2) independent of the logits grows the mass of many keys by
+    E[exp(e)] = exp(sigma^2 / 2): the measured shift must find sigma^2 / 2."""
+    hq, hkv, t, d, sigma = 4, 2, 800, 64, 0.6
+    q = torch.randn(hq, t, d, generator=gen, dtype=torch.float64)
+    q = q / q.norm(dim=-1, keepdim=True) * d**0.5  # |q| = sqrt(d): logit noise std = sigma
+    k = 0.3 * torch.randn(hkv, t, d, generator=gen, dtype=torch.float64)
+    k_hat = k + sigma * torch.randn(hkv, t, d, generator=gen, dtype=torch.float64)
+    shift = lse_inflation(q, k, k_hat, d**-0.5, first=1, recent=4)
+    assert shift.shape == (hq,)
+    assert torch.allclose(shift, torch.full((hq,), sigma**2 / 2, dtype=torch.float64), atol=0.03)
+    assert torch.equal(lse_inflation(q, k, k, d**-0.5, first=1, recent=4), torch.zeros(hq, dtype=torch.float64))
+
+
+def test_lse_inflation_counts_only_the_keys_read_through_the_pages(gen):
+    """Keys before `first` (exact sinks) and each row's `recent` last positions (exact window)
+    are never read from the pages: noise on them alone must measure exactly zero."""
+    q, k = torch.randn(2, 40, 64, generator=gen), torch.randn(1, 40, 64, generator=gen)
+    k_hat = k.clone()
+    k_hat[:, :3] += 1.0  # the sinks
+    k_hat[:, -4:] += 1.0  # read from the pages only by rows beyond the window's end
+    assert torch.equal(lse_inflation(q, k, k_hat, 0.125, first=3, recent=4),
+                       torch.zeros(2, dtype=torch.float64))
+    k_hat[:, 3] += 1.0  # the first packed key: rows from 3 + recent on read it from the pages
+    assert (lse_inflation(q, k, k_hat, 0.125, first=3, recent=4) != 0).all()
+
+
+def test_calibrated_tables_carry_the_measured_page_shifts(loaded):
+    opts = CalibrationOptions(window=64, windows=2, sink_tokens=1, recent_tokens=4)
+    text = tiny_text(400)
+    table = calibrate(loaded, text, "k2v3", opts)
+    windows = token_windows(loaded.tokenizer, text, 64, 2)
+    assert [layer.page_lse_shift.shape for layer in table.layers] == [(4,)] * 2
+    for got, want in zip((layer.page_lse_shift for layer in table.layers),
+                         measure_page_shifts(loaded.model, windows, table)):
+        assert torch.equal(got, want)
+    plain = calibrate(loaded, text, "k2v3", CalibrationOptions(window=64, windows=2, page_shift=False))
+    assert all(layer.page_lse_shift is None for layer in plain.layers)

@@ -58,16 +58,21 @@ def test_cache_holds_exactly_what_the_reference_codec_decodes(model, gen):
         assert torch.allclose(got, want, atol=1e-6)
 
 
-@pytest.mark.parametrize("recent", [1, 3])
-def test_attention_in_place_equals_dense_attention_over_the_cache(model, gen, recent):
+@pytest.mark.parametrize("recent, shifted", [(1, False), (3, False), (3, True)])
+def test_attention_in_place_equals_dense_attention_over_the_cache(model, gen, recent, shifted):
     """packed_attention (sinks exact, the recent window from the rows as computed, older packed
-    tokens in place, merged by log-sum-exp) against one softmax over the cache read back with the
-    same exact rows, for a prefill whose first rows see sinks only, decode steps and a chunk."""
+    tokens in place, merged by log-sum-exp; the pages' log-sum-exp lowered by the table's shift)
+    against one softmax over the cache read back with the same exact rows and the shift taken from
+    the packed tokens' logits, for a prefill whose first rows see sinks only, decode steps and a
+    chunk."""
     from tq_trtllm.integrations.packed_attention import attend, dense_attention
 
     ids = torch.randint(4, 60, (1, 30), generator=gen)
     table = table_for(model, 3, sinks=2)
     table.recent_tokens = recent
+    heads = model.config.num_attention_heads
+    for layer in table.layers if shifted else ():
+        layer.page_lse_shift = torch.rand(heads, generator=gen) + 0.5
     cache = TurboQuantCache(table)
     checked = []
 
@@ -76,9 +81,13 @@ def test_attention_in_place_equals_dense_attention_over_the_cache(model, gen, re
         t, n = q.shape[2], layer.length
         dense_k, dense_v = layer.read_dense()
         scaling = q.shape[-1] ** -0.5
-        want = dense_attention(q, dense_k, dense_v, layer.exact, None, scaling, recent)
+        want = dense_attention(q, dense_k, dense_v, layer.exact, None, scaling, recent,
+                               layer.packed_logit_bias())
         got = attend(layer, q, scaling)
         assert torch.allclose(got, want, atol=2e-5), (layer_idx, t, n)
+        if shifted and n - t >= 2 + recent:  # some row reads the pages: the shift must show
+            unshifted = dense_attention(q, dense_k, dense_v, layer.exact, None, scaling, recent)
+            assert not torch.allclose(got, unshifted, atol=1e-3)
         # the window holds the rows as computed (the step's, then the kept ones), not the pages'
         assert layer.exact[0].shape[2] == min(n - 2, t + recent - 1)
         assert not torch.allclose(layer.exact[0][:, :, -1], dense_k[:, :, -1].float())

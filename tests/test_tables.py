@@ -17,7 +17,8 @@ def calibrated_table(gen) -> KVTable:
         LayerTable(3.5, 3.0, 7, key_mean=torch.randn(2, 64, generator=gen),
                    key_scale=torch.rand(2, 64, generator=gen) + 0.5,
                    key_outliers=torch.stack([torch.randperm(64, generator=gen)[:32].sort().values
-                                             for _ in range(2)])),
+                                             for _ in range(2)]),
+                   page_lse_shift=torch.rand(4, generator=gen) * 0.3),
         LayerTable(2.0, 2.5, 8, value_mean=torch.randn(2, 64, generator=gen),
                    value_scale=torch.rand(2, 64, generator=gen) + 0.5,
                    value_outliers=torch.arange(32).repeat(2, 1)),
@@ -90,6 +91,11 @@ def _rewrite_header(path, edit):
     (lambda h, t: t.update({"layers.0.key_outliers": torch.full((2, 32), 64)}), "channel indices"),
     (lambda h, t: h.pop("fingerprint"), "malformed header"),
     (lambda h, t: h.update(recent_tokens=0), r"recent_tokens 0 lies outside 1\.\.64"),
+    (lambda h, t: t.update({"layers.0.page_lse_shift": torch.zeros(2)}), r"shape \[4\], one per query"),
+    (lambda h, t: t.update({"layers.0.page_lse_shift": torch.zeros(4, dtype=torch.float64)}),
+     "must be float32"),
+    (lambda h, t: t.update({"layers.1.page_lse_shift": torch.full((4,), 9.0)}), "outside"),
+    (lambda h, t: t.update({"layers.1.page_lse_shift": torch.full((4,), float("nan"))}), "NaN"),
 ])
 def test_damaged_header_or_tensors_are_refused(tmp_path, gen, edit, message):
     path = tmp_path / "t.safetensors"
@@ -100,8 +106,9 @@ def test_damaged_header_or_tensors_are_refused(tmp_path, gen, edit, message):
 
 
 def test_side_bytes_count_means_and_scales_at_fp32_and_outliers_at_one_byte(gen):
-    # layer 0: key mean, key scale, 32 key outliers; layer 1: value mean, value scale, 32 value outliers
-    assert calibrated_table(gen).side_bytes() == 2 * (2 * 2 * 64 * 4 + 2 * 32)
+    # layer 0: key mean, key scale, 32 key outliers, 4 shifts; layer 1: value mean, value scale,
+    # 32 value outliers
+    assert calibrated_table(gen).side_bytes() == 2 * (2 * 2 * 64 * 4 + 2 * 32) + 4 * 4
 
 
 def test_effective_bits_count_every_byte():

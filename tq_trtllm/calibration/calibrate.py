@@ -15,6 +15,7 @@ from ..models.fingerprint import fingerprint, head_dim_of
 from ..models.registry import output_projections
 from .allocate import CANDIDATE_WIDTHS, allocate_widths
 from .capture import run_observed, token_windows
+from .page_mass import measure_page_shifts
 from .retrieval import retrieval_windows
 from .sensitivity import fisher_cost, fisher_gradients
 from .stats import ChannelStats, output_weights
@@ -42,6 +43,9 @@ class CalibrationOptions:
     # synthetic retrieval windows added to the Fisher windows (retrieval.py); 2 nearly doubled
     # passkey retrieval at 3 bits at unchanged perplexity (docs/QUALITY.md, session 4)
     retrieval_windows: int = 2
+    # subtract the measured log-mass inflation of the packed keys from the pages' log-sum-exp
+    # (page_mass.py)
+    page_shift: bool = True
     seed: int = 0
 
 
@@ -94,6 +98,9 @@ def calibrate(loaded: LoadedModel, text: str, kv_bits: str, opts: CalibrationOpt
     def build(widths: dict) -> KVTable:
         layers = [_layer_table(stats[i], head_dim, widths[(i, 0)], widths[(i, 1)], opts.seed + i, opts)
                   for i in range(n_layers)]
+        if opts.page_shift:  # measured once the widths are known; its bytes count from the start
+            for layer in layers:
+                layer.page_lse_shift = torch.zeros(fp["heads"])
         description = {"mode": "calibrated", "source": source,
                        "text_sha256": hashlib.sha256(text.encode()).hexdigest()[:16],
                        "tokens": int(windows[: opts.windows].numel()), **asdict(opts)}
@@ -101,17 +108,23 @@ def calibrate(loaded: LoadedModel, text: str, kv_bits: str, opts: CalibrationOpt
 
     uniform = {(i, k): w for i in range(n_layers) for k, w in ((0, key_w), (1, value_w))}
     if not opts.per_layer or key_w != value_w:
-        return build(uniform)
-    fisher = windows[: opts.fisher_windows]
-    if opts.retrieval_windows:
-        fisher = torch.cat([fisher, retrieval_windows(loaded.tokenizer, text, opts.window,
-                                                      opts.retrieval_windows, opts.seed)])
-    costs = measure_costs(loaded.model, fisher, stats, head_dim, opts, progress)
-    widths = allocate_widths(costs, key_w, lambda w: CodecSpec(head_dim, w).bytes_per_token,
-                             lambda w: build(w).effective_bits(REFERENCE_CONTEXT))
-    table = build(widths)
-    table.calibration["fisher_costs"] = {f"{layer}.{'kv'[kind]}": {f"{w:g}": c for w, c in opt.items()}
-                                         for (layer, kind), opt in costs.items()}
+        table = build(uniform)
+    else:
+        fisher = windows[: opts.fisher_windows]
+        if opts.retrieval_windows:
+            fisher = torch.cat([fisher, retrieval_windows(loaded.tokenizer, text, opts.window,
+                                                          opts.retrieval_windows, opts.seed)])
+        costs = measure_costs(loaded.model, fisher, stats, head_dim, opts, progress)
+        widths = allocate_widths(costs, key_w, lambda w: CodecSpec(head_dim, w).bytes_per_token,
+                                 lambda w: build(w).effective_bits(REFERENCE_CONTEXT))
+        table = build(widths)
+        table.calibration["fisher_costs"] = {
+            f"{layer}.{'kv'[kind]}": {f"{w:g}": c for w, c in opt.items()}
+            for (layer, kind), opt in costs.items()}
+    if opts.page_shift:
+        shifts = measure_page_shifts(loaded.model, windows[: opts.windows], table, progress)
+        for layer, shift in zip(table.layers, shifts):
+            layer.page_lse_shift = shift
     return table
 
 

@@ -11,6 +11,9 @@ from ..core.spec import CodecSpec
 
 TABLE_VERSION = 1
 MAX_RECENT_TOKENS = 64  # the recent window's bound (tables, tq-build)
+# a shift of 4 would mean logit noise of std ~2.8, far beyond any width the format has: a table
+# that holds more is damaged
+MAX_PAGE_LSE_SHIFT = 4.0
 FP16_BYTES = 2
 OUTLIER_INDEX_BYTES = 1
 
@@ -18,7 +21,9 @@ OUTLIER_INDEX_BYTES = 1
 @dataclass
 class LayerTable:
     """One layer's codecs. Tensors are per KV head: mean/scale [kv_heads, head_dim] float32,
-    outliers [kv_heads, n_hi] int64 (fractional widths only). None means the format's default."""
+    outliers [kv_heads, n_hi] int64 (fractional widths only). None means the format's default.
+    page_lse_shift [heads] float32, per query head: what the runtime subtracts from the pages'
+    log-sum-exp (calibration/page_mass.py); None: nothing."""
 
     key_width: float
     value_width: float
@@ -29,8 +34,10 @@ class LayerTable:
     value_mean: torch.Tensor | None = None
     value_scale: torch.Tensor | None = None
     value_outliers: torch.Tensor | None = None
+    page_lse_shift: torch.Tensor | None = None
 
-    TENSORS = ("key_mean", "key_scale", "key_outliers", "value_mean", "value_scale", "value_outliers")
+    TENSORS = ("key_mean", "key_scale", "key_outliers", "value_mean", "value_scale", "value_outliers",
+               "page_lse_shift")
 
     def codecs(self, head_dim: int) -> tuple[VectorCodec, VectorCodec]:
         key = VectorCodec(CodecSpec(head_dim, self.key_width), seed=self.seed, mean=self.key_mean,
@@ -67,8 +74,8 @@ class KVTable:
         return (sum(t.key_width for t in self.layers) / n, sum(t.value_width for t in self.layers) / n)
 
     def side_bytes(self) -> int:
-        """Bytes stored beside the pages: means and scales at fp32, outlier channel indices at one
-        byte each (head_dim <= 256); counted once per sequence, as a conservative bound."""
+        """Bytes stored beside the pages: means, scales and shifts at fp32, outlier channel indices
+        at one byte each (head_dim <= 256); counted once per sequence, as a conservative bound."""
         total = 0
         for layer in self.layers:
             for name in LayerTable.TENSORS:

@@ -16,7 +16,7 @@ import torch
 from ..core.errors import TQError
 from ..core.spec import CodecSpec, parse_width
 from ..models.fingerprint import fingerprint_differences
-from .table import MAX_RECENT_TOKENS, TABLE_VERSION, KVTable, LayerTable
+from .table import MAX_PAGE_LSE_SHIFT, MAX_RECENT_TOKENS, TABLE_VERSION, KVTable, LayerTable
 
 HEADER_KEY = "tq_table"
 
@@ -86,7 +86,8 @@ def _from_header(header: dict, tensors: dict) -> KVTable:
         raise TQError(f"table format version {header.get('version')} is not readable; this tq_trtllm "
                       f"reads version {TABLE_VERSION}")
     fp = header["fingerprint"]
-    n_layers, kv_heads, head_dim = int(fp["layers"]), int(fp["kv_heads"]), int(fp["head_dim"])
+    n_layers, heads = int(fp["layers"]), int(fp["heads"])
+    kv_heads, head_dim = int(fp["kv_heads"]), int(fp["head_dim"])
     if len(header["layers"]) != n_layers:
         raise TQError(f"the header lists {len(header['layers'])} layers but the fingerprint says {n_layers}")
     layers = []
@@ -96,7 +97,7 @@ def _from_header(header: dict, tensors: dict) -> KVTable:
         for name in LayerTable.TENSORS:
             t = tensors.pop(_tensor_name(i, name), None)
             if t is not None:
-                _check_tensor(layer, name, t, kv_heads, head_dim, i)
+                _check_tensor(layer, name, t, heads, kv_heads, head_dim, i)
             setattr(layer, name, t)
         layers.append(layer)
     if tensors:
@@ -111,9 +112,17 @@ def _from_header(header: dict, tensors: dict) -> KVTable:
                    recent)
 
 
-def _check_tensor(layer: LayerTable, name: str, t: torch.Tensor, kv_heads: int, head_dim: int,
-                  index: int) -> None:
+def _check_tensor(layer: LayerTable, name: str, t: torch.Tensor, heads: int, kv_heads: int,
+                  head_dim: int, index: int) -> None:
     where = f"layer {index} {name}"
+    if name == "page_lse_shift":
+        if tuple(t.shape) != (heads,) or t.dtype != torch.float32:
+            raise TQError(f"{where} must be float32 of shape [{heads}], one per query head; it is "
+                          f"{t.dtype} {list(t.shape)}")
+        if not (t.abs() <= MAX_PAGE_LSE_SHIFT).all():  # also refuses NaN
+            raise TQError(f"{where} holds a value outside +-{MAX_PAGE_LSE_SHIFT} (or NaN): not a "
+                          "measured shift; rebuild the table with tq-build")
+        return
     width = layer.key_width if name.startswith("key") else layer.value_width
     if name.endswith("outliers"):
         n_hi = CodecSpec(head_dim, width).num_outliers

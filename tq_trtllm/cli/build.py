@@ -62,12 +62,15 @@ def default_calibration_text() -> tuple[str, str]:
 @click.option("--retrieval-windows", type=click.IntRange(0, 64), default=2, show_default=True,
               help="Synthetic retrieval windows (a number to copy from far back) added to the layer "
                    "sensitivity's windows, so the widths also price long-range retrieval.")
+@click.option("--page-shift/--no-page-shift", default=CalibrationOptions.page_shift, show_default=True,
+              help="Measure how much quantization noise inflates the packed keys' softmax mass, per "
+                   "layer and query head, and take it back at attention time.")
 @click.option("--seed", type=click.IntRange(0, 2**31), default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
 @clean_errors
 def main(family, kv_bits, checkpoint, calib_text, backend, output, oblivious, sink_tokens,
          recent_tokens, key_mean, key_scale, value_mean, value_scale, per_layer, calib_windows,
-         retrieval_windows, seed, as_json):
+         retrieval_windows, page_shift, seed, as_json):
     family = get_family(family).name
     key_w, value_w = parse_kv_bits(kv_bits)
     if min(key_w, value_w) < MIN_WIDTH:
@@ -97,7 +100,8 @@ def main(family, kv_bits, checkpoint, calib_text, backend, output, oblivious, si
         opts = CalibrationOptions(key_mean=key_mean, key_scale=key_scale, value_mean=value_mean,
                                   value_scale=value_scale, sink_tokens=sink_tokens,
                                   recent_tokens=recent_tokens, per_layer=per_layer,
-                                  windows=calib_windows, retrieval_windows=retrieval_windows, seed=seed)
+                                  windows=calib_windows, retrieval_windows=retrieval_windows,
+                                  page_shift=page_shift, seed=seed)
         table = calibrate(loaded, text, tag, opts, source=source, progress=not as_json)
     manifest = write_engine(output, family, checkpoint, backend, table)
     if as_json:

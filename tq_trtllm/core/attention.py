@@ -23,14 +23,15 @@ def bottom_right_causal(q_len: int, kv_len: int, device=None) -> torch.Tensor:
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                      allowed: torch.Tensor,
-                     exact: tuple[torch.Tensor, torch.Tensor] | None = None, recent: int = 1
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+                     exact: tuple[torch.Tensor, torch.Tensor] | None = None, recent: int = 1,
+                     bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """q [..., Hq, T, d] (the last T positions); k, v [..., Hkv, S, d]; GQA by head groups.
 
     allowed: bool, broadcastable to [..., Hq, T, S]. exact: (k, v) [..., Hkv, n, d], the keys and
     values of the last n positions as computed, or None; given, row j (position p = S - T + j) sees
     each allowed position of its `recent` most recent ones, p - recent + 1 .. p, that lies among
-    them through them instead of the cache (recent 1: its own position only).
+    them through them instead of the cache (recent 1: its own position only). bias, broadcastable
+    to [..., Hq, T, S], is added to the logits of the positions read through the cache.
     Returns float32 (output [..., Hq, T, d], natural-log log-sum-exp [..., Hq, T]); a row that sees
     nothing gets output 0 and lse -inf.
     """
@@ -39,6 +40,8 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     qf = q.float()
     kf, vf = (x.float().repeat_interleave(group, dim=-3) for x in (k, v))
     logits = qf @ kf.transpose(-1, -2) * scale
+    if bias is not None:
+        logits = logits + bias
     if exact is None:
         logits = logits.masked_fill(~allowed, float("-inf"))
         values = vf

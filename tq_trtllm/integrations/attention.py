@@ -34,7 +34,7 @@ def turboquant_attention(module, query, key, value, attention_mask, **kwargs):
             return attend(layer, query, scaling), None
         key, value = layer.read_dense()
         return dense_attention(query, key, value, layer.exact, attention_mask, scaling,
-                               layer.recent_tokens), None
+                               layer.recent_tokens, layer.packed_logit_bias()), None
     exact = getattr(key, "tq_exact", None)
     if exact is not None:
         *rows, recent = exact

@@ -45,7 +45,7 @@ def _kernels_for(backend: str, x: torch.Tensor) -> bool:
 class TurboQuantLayer(DynamicLayer):
     def __init__(self, key_codec, value_codec, num_kv_heads: int, sink_tokens: int,
                  recent_tokens: int = 1, tokens_per_block: int = TOKENS_PER_BLOCK,
-                 backend: str = "auto"):
+                 backend: str = "auto", page_lse_shift: torch.Tensor | None = None):
         super().__init__()
         if backend not in BACKENDS:
             raise TQError(f"backend {backend!r} is unknown; use one of {', '.join(BACKENDS)}")
@@ -55,6 +55,7 @@ class TurboQuantLayer(DynamicLayer):
         self.recent_tokens = recent_tokens
         self.tokens_per_block = tokens_per_block
         self.backend = backend
+        self.page_lse_shift = page_lse_shift  # [Hq], subtracted from the pages' log-sum-exp
         self._clear()
 
     def _clear(self) -> None:
@@ -76,6 +77,8 @@ class TurboQuantLayer(DynamicLayer):
             raise TQError(f"the model has {key_states.shape[1]} KV heads but the table "
                           f"{self.num_kv_heads}")
         self.uses_kernels = _kernels_for(self.backend, key_states)
+        if self.page_lse_shift is not None:
+            self.page_lse_shift = self.page_lse_shift.to(self.device, torch.float32)
         self.pages = PagedLayerCache(*self.codecs, self.num_kv_heads, self.tokens_per_block, 0,
                                      device=self.device)
         self.block_table = torch.zeros(self.batch, 2, 0, dtype=torch.int32, device=self.device)
@@ -165,6 +168,14 @@ class TurboQuantLayer(DynamicLayer):
         return (torch.cat([self.sinks[0].to(self.dtype), k], dim=2),
                 torch.cat([self.sinks[1].to(self.dtype), v], dim=2))
 
+    def packed_logit_bias(self) -> torch.Tensor | None:
+        """What the pages' shift adds to each query head's logits over the cache read back densely
+        ([Hq, 1, length]: 0 on the sinks, -shift on the packed tokens), or None."""
+        if self.page_lse_shift is None:
+            return None
+        packed = torch.arange(self.length, device=self.device) >= self.sink_count
+        return -self.page_lse_shift[:, None, None] * packed
+
     def get_seq_length(self, *args) -> int:
         return self.length
 
@@ -196,7 +207,8 @@ class TurboQuantCache(Cache):
                  backend: str = "auto"):
         self.table = table
         layers = [TurboQuantLayer(*table.codecs(i), table.kv_heads, table.sink_tokens,
-                                  table.recent_tokens, tokens_per_block, backend)
+                                  table.recent_tokens, tokens_per_block, backend,
+                                  table.layers[i].page_lse_shift)
                   for i in range(len(table.layers))]
         super().__init__(layers=layers)
 

@@ -1,6 +1,7 @@
 """Attention that reads a TurboQuantLayer in place: the packed tokens through the kernel library
 (CUDA) or the Python reference (CPU), the layer's recent window and the exact sink tokens densely,
-merged by log-sum-exp.
+merged by log-sum-exp, the pages' log-sum-exp first lowered by the table's page_lse_shift
+(calibration/page_mass.py).
 
 Query row j of a chunk of T new tokens sits at position `length - T + j` and sees every position up
 to its own (bottom-right causal). Rows at positions below the sink count see sinks only; every
@@ -56,13 +57,14 @@ def merge(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
 
 def dense_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     exact: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
-                    scaling: float, recent: int = 1) -> torch.Tensor:
+                    scaling: float, recent: int = 1, bias: torch.Tensor | None = None
+                    ) -> torch.Tensor:
     """query [B, Hq, T, d] of the last T positions of a dense cache key, value [B, Hkv, S, d];
     exact = the last n positions' (k, v) [B, Hkv, n, d] as computed, read for each row's `recent`
-    most recent positions; under transformers' mask (any: padded batches too).
-    -> [B, T, Hq, d] in query's dtype."""
+    most recent positions; under transformers' mask (any: padded batches too); bias as
+    masked_attention's. -> [B, T, Hq, d] in query's dtype."""
     allowed = mask_allows(mask, query.shape[2], key.shape[2], query.device)
-    out, _ = masked_attention(query, key, value, scaling, allowed, exact, recent)
+    out, _ = masked_attention(query, key, value, scaling, allowed, exact, recent, bias)
     return out.transpose(1, 2).to(query.dtype)
 
 
@@ -104,7 +106,10 @@ def attend(layer, query: torch.Tensor, scaling: float) -> torch.Tensor:
     if early < t:
         late = query[:, :, early:]
         packed = _packed_kernels if layer.uses_kernels else _packed_reference
-        parts = [packed(layer, late, scaling), _recent(layer, late, scaling)]
+        out, lse = packed(layer, late, scaling)
+        if layer.page_lse_shift is not None:  # the table's correction of the pages' mass
+            lse = lse - layer.page_lse_shift[:, None]
+        parts = [(out, lse), _recent(layer, late, scaling)]
         if sinks:
             parts.append(dense_part(late, sk, sv, scaling, sinks))
         outs.append(merge(parts))
