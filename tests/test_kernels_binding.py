@@ -85,6 +85,13 @@ def test_attention_refuses_a_bad_lse(lse):
         kernels.decode_attention(kc, q, torch.tensor([2]), 2, lse=lse)
 
 
+def test_attention_refuses_a_page_shift_of_another_head_count():
+    kc = SimpleNamespace(head_dim=64, batch=1, page_lse_shift=torch.zeros(3))
+    q = torch.zeros(1, 2, 4, 64, dtype=torch.float16)
+    with pytest.raises(TQError, match=r"page_lse_shift must hold one value per query head \(4\)"):
+        kernels.decode_attention(kc, q, torch.tensor([2]), 2)
+
+
 @needs_library
 def test_library_checks_the_fused_appends_arguments():
     """tq_decode_attention_append refuses missing or misaligned new rows and a short stride before
@@ -113,7 +120,7 @@ def test_own_rows_are_checked_before_the_library_is_called():
     """The new tokens' k and v (own=, the fused append's rows too) are checked against [batch, q_len,
     kv heads, head_dim] and q's dtype before the library is called (no GPU needed)."""
     codecs = SimpleNamespace(gain="unbiased")
-    kc = SimpleNamespace(head_dim=64, batch=1,
+    kc = SimpleNamespace(head_dim=64, batch=1, page_lse_shift=None,
                          cache=SimpleNamespace(num_kv_heads=2, key=codecs, value=codecs))
     q = torch.zeros(1, 2, 4, 64, dtype=torch.float16)
     good = torch.zeros(1, 2, 2, 64, dtype=torch.float16)

@@ -457,10 +457,12 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(AttnArgs a, int
                        : 0.0f;
   // The own position's score joins the splits' states like one more split of one token.
   const float s_own = own_score<D, T>(a, b, kvh, j, qv, qm);
+  // The table's page shift lowers every split's state (the cached positions) against the own term.
+  const float shift = a.cache.page_lse_shift ? a.cache.page_lse_shift[hq] * kLog2e : 0.0f;
   // Launched early (programmatic dependent launch): wait until the split pass's writes are visible.
   asm volatile("griddepcontrol.wait;" ::: "memory");
   // The splits' running maxima, read by all threads at once.
-  float m_all = s_own;
+  float m_all = -INFINITY;
   for (int s = threadIdx.x; s < a.num_splits; s += 32 * kMergeWarps)
     m_all = fmaxf(m_all, a.ws_ml[base + s].x);
   for (int o = 16; o > 0; o >>= 1) m_all = fmaxf(m_all, __shfl_xor_sync(0xffffffffu, m_all, o));
@@ -468,6 +470,7 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(AttnArgs a, int
   __syncthreads();
 #pragma unroll
   for (int w = 0; w < kMergeWarps; ++w) m_all = fmaxf(m_all, m_s[w]);
+  m_all = fmaxf(m_all - shift, s_own);
   // Warp w weighs splits w, w + kMergeWarps, ...: the loads of different splits are independent,
   // so many are in flight at once (one warp walking every split was latency-bound: 30 us at 64
   // splits). Each lane holds E consecutive rotated dims.
@@ -475,7 +478,7 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(AttnArgs a, int
 #pragma unroll 4
   for (int s = warp; s < a.num_splits; s += kMergeWarps) {
     const float2 ml = a.ws_ml[base + s];
-    const float w = ml.x == -INFINITY ? 0.0f : exp2f(ml.x - m_all);
+    const float w = ml.x == -INFINITY ? 0.0f : exp2f(ml.x - shift - m_all);
     l_all += w * ml.y;
     float part[E];
     load_floats<E>(a.ws_o + (base + s) * D + lane * E, part);

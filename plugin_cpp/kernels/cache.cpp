@@ -34,6 +34,9 @@ tq_status make_cache_view(const tq_paged_cache* cache, CacheView* out) {
     v.pool[kv] = static_cast<uint8_t*>(pools[kv]);
     v.chunk_bytes[kv] = strides[kv];
   }
+  if (reinterpret_cast<uintptr_t>(cache->page_lse_shift) % 4)
+    return fail(TQ_ERR_MISALIGNED, "page_lse_shift must be 4-byte aligned");
+  v.page_lse_shift = cache->page_lse_shift;
   v.block_table = cache->block_table;
   v.max_blocks = cache->max_blocks;
   v.tokens = cache->tokens_per_block;

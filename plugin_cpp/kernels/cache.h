@@ -16,6 +16,7 @@ struct CacheView {
   int num_kv_heads;
   int num_chunks;
   CodecLayout codec[2];     // 0: key, 1: value
+  const float* page_lse_shift;  // [num_q_heads] or nullptr (tq_paged_cache::page_lse_shift)
 };
 
 // Checks the cache description (null pointers, head dims, widths, alignment, chunk strides).

@@ -5,7 +5,7 @@ import torch
 
 from tq_trtllm.core.attention import reference_attention
 from tq_trtllm.core.errors import TQError
-from tq_trtllm.kernels import decode_attention, prefill_attention, quantize_append
+from tq_trtllm.kernels import KernelCache, decode_attention, prefill_attention, quantize_append
 
 from .cases import make_cache, positions, twin
 
@@ -25,15 +25,15 @@ def new_rows(batch, q_len, heads, head_dim, dtype, gen):
     return x[0], x[1]
 
 
-def check_against_reference(cache, table, q, out, lengths, scale, own=None):
+def check_against_reference(cache, table, q, out, lengths, scale, own=None, shift=None):
     """Max abs error vs fp32 attention over the reference-dequantized history, per sequence; own:
-    the new tokens' rows the kernel was given, or None."""
+    the new tokens' rows the kernel was given, or None; shift: the cache's page_lse_shift."""
     q_len = q.shape[1]
     worst = 0.0
     for b, n in enumerate(lengths):
         k, v = cache.gather(table, b, 0, n)
         want = reference_attention(q[b].float(), k, v, scale,
-                                   None if own is None else (own[0][b], own[1][b]))
+                                   None if own is None else (own[0][b], own[1][b]), shift)
         got = out[b].float()
         assert torch.isfinite(got).all(), "NaN or Inf in the output"
         # the output carries its own rounding on top of the bound: half an ulp, up to 2^-8 (bf16) or
@@ -164,10 +164,11 @@ def test_fused_append_writes_the_same_bytes_and_attends_the_same(case, gen):
     assert torch.equal(got, want), "the fused call's attention differs"
 
 
-def reference_lse(cache, table, q, lengths, scale, own_k=None):
+def reference_lse(cache, table, q, lengths, scale, own_k=None, shift=None):
     """float64 log-sum-exp of scale * q . k_hat over the keys each query row sees, k_hat the
     reference-dequantized keys (key mean included; own_k [batch, q_len, Hkv, d] at each row's own
-    position where given): [batch, q_len, Hq], -inf where none."""
+    position where given; the cached ones' logits lowered by shift [Hq] where given):
+    [batch, q_len, Hq], -inf where none."""
     q_len, hq = q.shape[1:3]
     rows = []
     for b, n in enumerate(lengths):
@@ -177,6 +178,8 @@ def reference_lse(cache, table, q, lengths, scale, own_k=None):
         qpos = torch.arange(n - q_len, n, device=q.device)[:, None, None]
         kpos = torch.arange(n, device=q.device)[None, None, :]
         logits = logits.masked_fill(kpos > qpos, float("-inf"))
+        if shift is not None:
+            logits = logits - shift.to(logits)[None, :, None]
         if own_k is not None:
             mine = own_k[b].double().repeat_interleave(hq // own_k.shape[2], dim=1)
             j = torch.arange(max(0, q_len - n), q_len, device=q.device)  # rows with a position
@@ -261,3 +264,24 @@ def test_bad_input_raises_with_a_message(gen):
     kc.struct.value.group_bits[0] = 5
     with pytest.raises(TQError, match="5 bits"):
         decode_attention(kc, q, torch.tensor([40]), 40)
+
+
+@pytest.mark.parametrize("q_len", [1, 4])
+def test_the_page_shift_lowers_the_cached_positions_against_the_own_rows(q_len, gen):
+    """tq_paged_cache::page_lse_shift: every cached position's logit lowered by its query head's
+    shift, the own rows' not; output and lse against the fp32 / float64 references."""
+    d, hq, hkv = 64, 9, 3
+    lengths = [q_len, 5, 40, 777]  # short histories: the own rows weigh much, the shift shows
+    cache, table, kc = make_cache(d, 3, 3, hkv, 32, lengths, gen, True)
+    fill(kc, lengths, hkv, d, gen)
+    shift = torch.rand(hq, generator=gen) + 0.5
+    shifted = KernelCache(cache, kc.block_table, shift)
+    q = torch.randn(len(lengths), q_len, hq, d, generator=gen).half().cuda()
+    own = new_rows(len(lengths), q_len, hkv, d, torch.float16, gen)
+    lens, scale = torch.tensor(lengths), d**-0.5
+    lse = torch.empty(len(lengths), q_len, hq, device="cuda")
+    out = decode_attention(shifted, q, lens, max(lengths), scale, lse=lse, own=own)
+    check_against_reference(cache, table, q, out, lengths, scale, own, shift)
+    check_lse(lse, reference_lse(cache, table, q, lengths, scale, own[0], shift))
+    plain = decode_attention(kc, q, lens, max(lengths), scale, own=own)
+    assert (out - plain).abs().max().item() > 0.05, "the shift must move the output"

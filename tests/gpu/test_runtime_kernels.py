@@ -27,10 +27,13 @@ def model(request):
     return m
 
 
-def run(model, ids, backend, bits, sinks, recent=1):
+def run(model, ids, backend, bits, sinks, recent=1, shifted=False):
     table = oblivious_table(fingerprint("llama", model.config), bits, bits)
     table.sink_tokens = sinks
     table.recent_tokens = recent
+    if shifted:  # the kernels take the pages' shift through the kernel cache, the reference in Python
+        for i, layer in enumerate(table.layers):
+            layer.page_lse_shift = torch.linspace(0.2, 1.0, model.config.num_attention_heads) + i
     cache = TurboQuantCache(table, backend=backend)
     outs = []
     with torch.inference_mode():
@@ -39,13 +42,14 @@ def run(model, ids, backend, bits, sinks, recent=1):
     return torch.cat(outs, dim=1).float(), cache
 
 
-@pytest.mark.parametrize("bits,sinks,recent", [(3, 0, 1), (3, 2, 1), (4, 1, 1), (2.5, 1, 1),
-                                               (3, 1, 4), (3, 0, 16)])
-def test_kernel_backend_matches_the_reference_backend(model, bits, sinks, recent):
+@pytest.mark.parametrize("bits,sinks,recent,shifted", [
+    (3, 0, 1, False), (3, 2, 1, False), (4, 1, 1, False), (2.5, 1, 1, False), (3, 1, 4, False),
+    (3, 0, 16, False), (3, 1, 4, True)])
+def test_kernel_backend_matches_the_reference_backend(model, bits, sinks, recent, shifted):
     gen = torch.Generator().manual_seed(int(10 * bits) + sinks)
     ids = torch.randint(4, 60, (2, 37), generator=gen).cuda()
-    got, kc = run(model, ids, "kernels", bits, sinks, recent)
-    want, rc = run(model, ids, "reference", bits, sinks, recent)
+    got, kc = run(model, ids, "kernels", bits, sinks, recent, shifted)
+    want, rc = run(model, ids, "reference", bits, sinks, recent, shifted)
     assert kc.layers[0].uses_kernels and not rc.layers[0].uses_kernels
     assert torch.isfinite(got).all()
     # the same cache contents (codes equal but on decision boundaries, gains within an fp16 ulp)

@@ -62,12 +62,15 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,
-                        own: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                        own: tuple[torch.Tensor, torch.Tensor] | None = None,
+                        page_shift: torch.Tensor | None = None) -> torch.Tensor:
     """q: [q_len, Hq, d] for the LAST q_len positions of k, v: [kv_len, Hkv, d]; causal; GQA.
     own: the new tokens' (k, v) [q_len, Hkv, d] as written, or None (masked_attention's rule).
+    page_shift: [Hq] taken from the logits of the positions read from k (not own's), or None.
     Returns fp32 [q_len, Hq, d]."""
     allowed = bottom_right_causal(q.shape[0], k.shape[0], q.device)
     heads_first = [x.transpose(0, 1) for x in (q, k, v)]
     own = None if own is None else tuple(x.transpose(0, 1) for x in own)
-    out, _ = masked_attention(*heads_first, softmax_scale, allowed, exact=own)
+    bias = None if page_shift is None else -page_shift.to(q.device, torch.float32)[:, None, None]
+    out, _ = masked_attention(*heads_first, softmax_scale, allowed, exact=own, bias=bias)
     return out.transpose(0, 1)

@@ -147,7 +147,7 @@ class TurboQuantLayer(DynamicLayer):
 
     def kernel_cache(self):
         if self._kernel_cache is None:
-            self._kernel_cache = kernels.KernelCache(self.pages, self.block_table)
+            self._kernel_cache = kernels.KernelCache(self.pages, self.block_table, self.page_lse_shift)
         return self._kernel_cache
 
     def read_packed(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -70,7 +70,8 @@ def dense_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
 def _packed_kernels(layer, q: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernels over the layer's pages, each row up to its position minus recent_tokens:
-    q [B, Hq, T, d] -> (output, lse) as dense_part's."""
+    q [B, Hq, T, d] -> (output, lse) as dense_part's, the lse lowered by the layer's shift (the
+    kernel cache carries it)."""
     b, hq, t, _ = q.shape
     rows = q.transpose(1, 2).contiguous()
     lse = torch.empty(b, t, hq, dtype=torch.float32, device=q.device)
@@ -82,8 +83,12 @@ def _packed_kernels(layer, q: torch.Tensor, scaling: float) -> tuple[torch.Tenso
 
 
 def _packed_reference(layer, q: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """_packed_kernels through the Python reference."""
     k, v = layer.read_packed()
-    return dense_part(q, k, v, scaling, layer.packed_length - layer.recent_tokens - q.shape[2])
+    out, lse = dense_part(q, k, v, scaling, layer.packed_length - layer.recent_tokens - q.shape[2])
+    if layer.page_lse_shift is not None:
+        lse = lse - layer.page_lse_shift[:, None]
+    return out, lse
 
 
 def _recent(layer, q: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,10 +111,7 @@ def attend(layer, query: torch.Tensor, scaling: float) -> torch.Tensor:
     if early < t:
         late = query[:, :, early:]
         packed = _packed_kernels if layer.uses_kernels else _packed_reference
-        out, lse = packed(layer, late, scaling)
-        if layer.page_lse_shift is not None:  # the table's correction of the pages' mass
-            lse = lse - layer.page_lse_shift[:, None]
-        parts = [(out, lse), _recent(layer, late, scaling)]
+        parts = [packed(layer, late, scaling), _recent(layer, late, scaling)]
         if sinks:
             parts.append(dense_part(late, sk, sv, scaling, sinks))
         outs.append(merge(parts))

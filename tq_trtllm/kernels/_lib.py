@@ -50,6 +50,7 @@ class TqPagedCache(ctypes.Structure):
         ("num_chunks", ctypes.c_int32),
         ("key", TqCodec),
         ("value", TqCodec),
+        ("page_lse_shift", ctypes.c_void_p),
     ]
 
 

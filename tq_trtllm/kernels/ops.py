@@ -63,9 +63,12 @@ class KernelCache:
     """tq_paged_cache over a PagedLayerCache whose pools live on a CUDA device.
 
     block_table: int32 [batch, 2, max_blocks] on the same device (chunk indices for K and V).
+    page_lse_shift: the table's float [num_q_heads] shift of the cached positions' log-sum-exp
+    (tq_paged_cache::page_lse_shift), or None.
     """
 
-    def __init__(self, cache: PagedLayerCache, block_table: torch.Tensor):
+    def __init__(self, cache: PagedLayerCache, block_table: torch.Tensor,
+                 page_lse_shift: torch.Tensor | None = None):
         pools = cache.pools
         if not all(p.is_cuda for p in pools) or not block_table.is_cuda:
             raise TQError("KernelCache needs the pools and the block table on a CUDA device")
@@ -87,6 +90,10 @@ class KernelCache:
         s.num_kv_heads = h
         s.num_chunks = pools[0].shape[0]
         s.key, s.value = self.key.struct, self.value.struct
+        self.page_lse_shift = None
+        if page_lse_shift is not None:
+            self.page_lse_shift = page_lse_shift.to(device, torch.float32).contiguous()
+            s.page_lse_shift = self.page_lse_shift.data_ptr()
         self.struct = s
 
     @property
@@ -167,6 +174,9 @@ def _attention(fn_name: str, kc: KernelCache, q: torch.Tensor, kv_lens: torch.Te
                             or not lse.is_contiguous() or lse.device != q.device):
         raise TQError(f"lse must be a contiguous float32 [{batch}, {q_len}, {hq}] tensor on "
                       f"{q.device}, got {lse.dtype} {list(lse.shape)} on {lse.device}")
+    if kc.page_lse_shift is not None and kc.page_lse_shift.shape != (hq,):
+        raise TQError(f"page_lse_shift must hold one value per query head ({hq}), got "
+                      f"{list(kc.page_lse_shift.shape)}")
     if own is None:
         rows = (None, None, 0)
     else:
@@ -214,7 +224,8 @@ def decode_attention(kc: KernelCache, q: torch.Tensor, kv_lens: torch.Tensor, ma
 
     lse, if given (float32 [batch, q_len, num_q_heads], contiguous, on q's device), receives each
     row's natural-log log-sum-exp of softmax_scale * q . k over the keys it sees (-inf if none), to
-    merge this attention with attention over keys outside the cache. own=(k, v), each
+    merge this attention with attention over keys outside the cache; the cached keys' part is
+    lowered by kc's page_lse_shift, as in the output. own=(k, v), each
     [batch, q_len, num_kv_heads, head_dim] in q's dtype: the new tokens' keys and values, with which
     each query attends to its own position exactly (earlier ones through the cache). append=True
     first writes them at those positions (tq_decode_attention_append: the quantize-append fused

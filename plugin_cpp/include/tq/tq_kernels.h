@@ -83,6 +83,13 @@ typedef struct tq_paged_cache {
   int32_t num_chunks;          /* chunks in each pool: entries outside [0, num_chunks) are skipped */
   tq_codec key;
   tq_codec value;
+  /* device float32 [num_q_heads] (4-byte aligned), or NULL = zeros: the calibration table's
+   * page_lse_shift. The attention calls subtract it (natural log) from the log-sum-exp of the
+   * positions read through the cache before merging them with the own position's exact term
+   * (k_new, v_new), and their lse output is that of the merged attention. Quantization noise on
+   * the packed logits inflates the cached positions' softmax mass by about var/2; this takes it
+   * back. Ignored by quantize-append and dequantize. */
+  const float* page_lse_shift;
 } tq_paged_cache;
 
 /* Bytes of one page of `codec` holding `tokens_per_block` tokens; -1 (with a message) if invalid. */
