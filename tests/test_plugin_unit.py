@@ -86,12 +86,14 @@ def test_python_table_reads_back_in_cpp(unit_tests, tmp_path, gen):
                       scale=torch.rand(kv_heads, head_dim, generator=gen) + 0.5, outliers=outliers)
     value = VectorCodec(CodecSpec(head_dim, 3), seed=11)
     path = tmp_path / "table.bin"
-    path.write_bytes(calibration_table_bytes(key, value, layer_idx=5, kv_heads=kv_heads, fingerprint=2**63 + 12345))
+    shift = torch.rand(16, generator=gen)
+    path.write_bytes(calibration_table_bytes(key, value, layer_idx=5, kv_heads=kv_heads, num_q_heads=16,
+                                             fingerprint=2**63 + 12345, page_lse_shift=shift))
     binary = next(iter(unit_tests.values()))
     done = subprocess.run([str(binary), "--table", str(path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout
     lines = done.stdout.splitlines()
-    assert lines[0] == f"fingerprint={2**63 + 12345} layer=5 kv_heads=4 head_dim=128 key_x2=7 value_x2=6"
+    assert lines[0] == f"fingerprint={2**63 + 12345} layer=5 kv_heads=4 q_heads=16 head_dim=128 key_x2=7 value_x2=6"
     key_line = {k: (int(n), float(s)) for k, n, s in re.findall(r"(\w+)=(\d+):(\S+)", lines[1])}
     value_line = {k: (int(n), float(s)) for k, n, s in re.findall(r"(\w+)=(\d+):(\S+)", lines[2])}
     assert key_line["codebooks"][0] == 16 + 8
@@ -100,11 +102,13 @@ def test_python_table_reads_back_in_cpp(unit_tests, tmp_path, gen):
     assert key_line["scale"] == (kv_heads * head_dim, pytest.approx(float(key.scale.sum()), rel=1e-5))
     assert key_line["perm"] == (kv_heads * head_dim, kv_heads * head_dim * (head_dim - 1) / 2)
     assert value_line["codebooks"][0] == 8 and value_line["mean"][0] == 0 and value_line["perm"][0] == 0
+    n, total = lines[3].removeprefix("page_shift=").split(":")
+    assert int(n) == 16 and float(total) == pytest.approx(float(shift.sum()), rel=1e-6)
 
 
 def test_corrupt_python_table_is_refused(unit_tests, tmp_path):
     key = value = VectorCodec(CodecSpec(64, 2), seed=0)
-    table = bytearray(calibration_table_bytes(key, value, layer_idx=0, kv_heads=1, fingerprint=1))
+    table = bytearray(calibration_table_bytes(key, value, layer_idx=0, kv_heads=1, num_q_heads=1, fingerprint=1))
     table[-1] ^= 0xFF
     path = tmp_path / "table.bin"
     path.write_bytes(bytes(table))

@@ -108,6 +108,7 @@ int32_t run(PluginConfig const& c, DeviceTables& tables, nvinfer1::PluginTensorD
   cache.num_chunks = kPrimaryPoolOffsetLimit;
   cache.key = tables.keyCodec();
   cache.value = tables.valueCodec();
+  cache.page_lse_shift = tables.pageShift();
   // Context tokens come first in the batch: they are appended here; generation tokens are appended
   // by the decode attention call itself (tq_decode_attention_append: one launch fewer per step).
   int64_t const kvStride = 2 * int64_t(c.numKvHeads) * c.headDim;

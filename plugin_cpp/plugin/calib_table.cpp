@@ -11,13 +11,14 @@ namespace tq::plugin {
 namespace {
 
 constexpr char kMagic[4] = {'T', 'Q', 'C', 'T'};
-constexpr uint32_t kKnownFlags = kKeyMean | kKeyScale | kKeyPerm | kValueMean | kValueScale | kValuePerm;
+constexpr uint32_t kKnownFlags =
+    kKeyMean | kKeyScale | kKeyPerm | kValueMean | kValueScale | kValuePerm | kPageShift;
 
 // Header field offsets (docs/PLUGIN.md); little-endian, as on every CUDA host.
 enum HeaderOffset : size_t {
   kOffMagic = 0, kOffTableVersion = 4, kOffFormatVersion = 8, kOffHeaderBytes = 12,
   kOffFingerprint = 16, kOffLayer = 24, kOffKvHeads = 28, kOffHeadDim = 32, kOffKeyWidth = 36,
-  kOffValueWidth = 40, kOffFlags = 44, kOffPayloadBytes = 48, kOffChecksum = 56, kOffReserved = 60,
+  kOffValueWidth = 40, kOffFlags = 44, kOffPayloadBytes = 48, kOffChecksum = 56, kOffQHeads = 60,
 };
 
 uint32_t fnv1a(uint8_t const* p, size_t n) {
@@ -136,21 +137,23 @@ bool parseCalibTable(void const* data, size_t bytes, CalibTable& table, std::str
   if (formatVersion != TQ_FORMAT_VERSION)
     return error = "was made for packed cache format version " + std::to_string(formatVersion) +
                    "; this plugin writes version " + std::to_string(TQ_FORMAT_VERSION), false;
-  if (load<uint32_t>(p, kOffHeaderBytes) != kCalibTableHeaderBytes || load<uint32_t>(p, kOffReserved) != 0)
-    return error = "has a malformed header (header size or reserved bytes)", false;
+  if (load<uint32_t>(p, kOffHeaderBytes) != kCalibTableHeaderBytes)
+    return error = "has a malformed header (header size)", false;
 
   CalibTable t;
   t.modelFingerprint = load<uint64_t>(p, kOffFingerprint);
   t.layerIdx = load<int32_t>(p, kOffLayer);
   t.numKvHeads = load<int32_t>(p, kOffKvHeads);
+  t.numQHeads = load<int32_t>(p, kOffQHeads);
   t.headDim = load<int32_t>(p, kOffHeadDim);
   t.keyWidthX2 = load<int32_t>(p, kOffKeyWidth);
   t.valueWidthX2 = load<int32_t>(p, kOffValueWidth);
   uint32_t flags = load<uint32_t>(p, kOffFlags);
   if (t.headDim != 64 && t.headDim != 128)
     return error = "has head_dim " + std::to_string(t.headDim) + "; supported: 64, 128", false;
-  if (t.numKvHeads <= 0 || t.layerIdx < 0)
-    return error = "has a non-positive KV head count or a negative layer index", false;
+  if (t.numKvHeads <= 0 || t.layerIdx < 0 || t.numQHeads <= 0 || t.numQHeads % t.numKvHeads)
+    return error = "has a non-positive KV head count, query heads that are not a multiple of them, or "
+                   "a negative layer index", false;
   for (int32_t w : {t.keyWidthX2, t.valueWidthX2})
     if (!isSupportedWidthX2(w))
       return error = "has width " + std::to_string(w / 2.0) + "; supported: " + supportedWidthsText(), false;
@@ -160,6 +163,7 @@ bool parseCalibTable(void const* data, size_t bytes, CalibTable& table, std::str
   uint64_t expected = 0;
   for (ArrayRef const& a : kArrays)
     if (!a.flag || (flags & a.flag)) expected += elementCount(a, t) * 4;
+  if (flags & kPageShift) expected += size_t(t.numQHeads) * 4;
   if (payload != expected || bytes != kCalibTableHeaderBytes + payload)
     return error = "holds " + std::to_string(bytes - kCalibTableHeaderBytes) +
                    " payload bytes where its header and shapes call for " + std::to_string(expected), false;
@@ -174,6 +178,13 @@ bool parseCalibTable(void const* data, size_t bytes, CalibTable& table, std::str
     arrayResize(s, a.kind, n);
     std::memcpy(arrayData(s, a.kind), p + at, n * 4);
     at += n * 4;
+  }
+  if (flags & kPageShift) {  // after the sides' arrays
+    t.pageShift.resize(t.numQHeads);
+    std::memcpy(t.pageShift.data(), p + at, t.pageShift.size() * 4);
+    for (float x : t.pageShift)
+      if (!(std::fabs(x) <= kMaxPageShift))
+        return error = "has a page shift that is not finite or lies beyond +-" + std::to_string(kMaxPageShift), false;
   }
   for (bool isKey : {true, false}) {
     std::string what = isKey ? "key" : "value";
@@ -198,6 +209,8 @@ std::vector<uint8_t> serializeCalibTable(CalibTable const& t) {
     if (a.flag && n) flags |= a.flag;
     payload += n * 4;
   }
+  if (!t.pageShift.empty()) flags |= kPageShift;
+  payload += t.pageShift.size() * 4;
   std::vector<uint8_t> out(kCalibTableHeaderBytes + payload, 0);
   std::memcpy(out.data() + kOffMagic, kMagic, 4);
   store<uint32_t>(out, kOffTableVersion, kCalibTableVersion);
@@ -206,6 +219,7 @@ std::vector<uint8_t> serializeCalibTable(CalibTable const& t) {
   store<uint64_t>(out, kOffFingerprint, t.modelFingerprint);
   store<int32_t>(out, kOffLayer, t.layerIdx);
   store<int32_t>(out, kOffKvHeads, t.numKvHeads);
+  store<int32_t>(out, kOffQHeads, t.numQHeads);
   store<int32_t>(out, kOffHeadDim, t.headDim);
   store<int32_t>(out, kOffKeyWidth, t.keyWidthX2);
   store<int32_t>(out, kOffValueWidth, t.valueWidthX2);
@@ -218,6 +232,7 @@ std::vector<uint8_t> serializeCalibTable(CalibTable const& t) {
     if (n) std::memcpy(out.data() + at, arrayData(side, a.kind), n * 4);
     at += n * 4;
   }
+  if (!t.pageShift.empty()) std::memcpy(out.data() + at, t.pageShift.data(), t.pageShift.size() * 4);
   store<uint32_t>(out, kOffChecksum, fnv1a(out.data() + kCalibTableHeaderBytes, payload));
   return out;
 }

@@ -10,7 +10,7 @@
 
 namespace tq::plugin {
 
-constexpr uint32_t kCalibTableVersion = 1;
+constexpr uint32_t kCalibTableVersion = 2;  // 2: query heads and the page shift
 constexpr size_t kCalibTableHeaderBytes = 64;
 
 enum CalibTableFlags : uint32_t {
@@ -20,7 +20,10 @@ enum CalibTableFlags : uint32_t {
   kValueMean = 1u << 3,
   kValueScale = 1u << 4,
   kValuePerm = 1u << 5,
+  kPageShift = 1u << 6,
 };
+// The largest page shift a table may hold (tq_trtllm's MAX_PAGE_LSE_SHIFT): more means damage.
+constexpr float kMaxPageShift = 4.0f;
 
 // The per-channel arrays of K or V; an empty vector means "absent" (zeros, ones, identity).
 struct CalibSide {
@@ -34,11 +37,13 @@ struct CalibTable {
   uint64_t modelFingerprint = 0;
   int32_t layerIdx = 0;
   int32_t numKvHeads = 0;
+  int32_t numQHeads = 0;
   int32_t headDim = 0;
   int32_t keyWidthX2 = 0;    // width * 2
   int32_t valueWidthX2 = 0;
   CalibSide key;
   CalibSide value;
+  std::vector<float> pageShift;  // [numQHeads] (tq_paged_cache::page_lse_shift), or empty
 };
 
 // Parses and checks the table on its own terms (magic, versions, sizes, checksum, values).

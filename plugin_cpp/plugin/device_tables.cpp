@@ -52,7 +52,8 @@ bool DeviceTables::uploadSide(CalibSide const& side, int32_t widthX2, PluginConf
 bool DeviceTables::ensureUploaded(PluginConfig const& config, std::string& error) {
   if (mUploaded) return true;
   if (!uploadSide(config.table.key, config.keyWidthX2, config, mKey, error) ||
-      !uploadSide(config.table.value, config.valueWidthX2, config, mValue, error))
+      !uploadSide(config.table.value, config.valueWidthX2, config, mValue, error) ||
+      !upload(config.table.pageShift, mPageShift, error))
     return false;
   mUploaded = true;
   return true;

@@ -25,6 +25,7 @@ class DeviceTables {
   bool ensureUploaded(PluginConfig const& config, std::string& error);
   tq_codec const& keyCodec() const { return mKey; }
   tq_codec const& valueCodec() const { return mValue; }
+  float const* pageShift() const { return mPageShift; }  // [num_q_heads] or nullptr
 
   // Copies `metadata` to `device` on `stream` through pinned memory. The previous copy is waited
   // for before its staging buffer is reused, so no host array is read after it changes.
@@ -38,6 +39,7 @@ class DeviceTables {
   bool mUploaded = false;
   tq_codec mKey{};
   tq_codec mValue{};
+  float const* mPageShift = nullptr;
   std::vector<void*> mAllocations;
   int32_t* mStaging = nullptr;  // pinned
   size_t mStagingCount = 0;

@@ -137,6 +137,8 @@ bool checkTableMatches(PluginConfig const& c, std::string& error) {
   if (t.layerIdx != c.layerIdx) return mismatch("layer", std::to_string(t.layerIdx), "layer_idx", std::to_string(c.layerIdx));
   if (t.numKvHeads != c.numKvHeads)
     return mismatch("KV heads", std::to_string(t.numKvHeads), "num_kv_heads", std::to_string(c.numKvHeads));
+  if (t.numQHeads != c.numQHeads)
+    return mismatch("query heads", std::to_string(t.numQHeads), "num_q_heads", std::to_string(c.numQHeads));
   if (t.headDim != c.headDim) return mismatch("head_dim", std::to_string(t.headDim), "head_dim", std::to_string(c.headDim));
   if (t.keyWidthX2 != c.keyWidthX2)
     return mismatch("key width", widthText(t.keyWidthX2), "key_width", widthText(c.keyWidthX2));

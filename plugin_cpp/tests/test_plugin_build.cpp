@@ -50,6 +50,7 @@ CalibTable makeTable(int32_t keyX2 = 6, int32_t valueX2 = 7) {
   t.modelFingerprint = uint64_t(kFingerprint);
   t.layerIdx = kLayer;
   t.numKvHeads = kHkv;
+  t.numQHeads = kHq;
   t.headDim = kD;
   t.keyWidthX2 = keyX2;
   t.valueWidthX2 = valueX2;
@@ -188,6 +189,7 @@ void testCalibTableRoundTrip() {
   t.key.perm.clear();
   for (int32_t h = 0; h < kHkv; ++h)
     for (int32_t j = 0; j < kD; ++j) t.key.perm.push_back(kD - 1 - j);
+  for (int32_t h = 0; h < kHq; ++h) t.pageShift.push_back(0.1f * h);
   std::vector<uint8_t> bytes = serializeCalibTable(t);
   CalibTable back;
   std::string error;
@@ -195,7 +197,11 @@ void testCalibTableRoundTrip() {
   CHECK(back.key.perm == t.key.perm && back.key.mean == t.key.mean && back.key.scale == t.key.scale);
   CHECK(back.key.codebooks == t.key.codebooks && back.value.codebooks == t.value.codebooks);
   CHECK(back.value.perm.empty() && back.value.mean.empty());
+  CHECK(back.numQHeads == kHq && back.pageShift == t.pageShift);
   CHECK(serializeCalibTable(back) == bytes);
+  t.pageShift.clear();  // absent: no flag, no bytes
+  bytes = serializeCalibTable(t);
+  CHECK(parseCalibTable(bytes.data(), bytes.size(), back, error) && back.pageShift.empty());
 }
 
 // Creation must fail and the logged message must contain `expected` (the field's name, and more).
@@ -234,6 +240,13 @@ void testFieldValidation() {
   expectRefused("table of another model", [](FieldSet& f) { f.fingerprint = 7; }, "model fingerprint");
   expectRefused("table with other widths", [](FieldSet& f) { f.keyWidth = 4.f; }, "key width 3");
   expectRefused("table with other heads", [](FieldSet& f) { f.ints[1] = 4; f.ints[0] = 8; }, "KV heads 2");
+  expectRefused("table with other query heads", [](FieldSet& f) { f.ints[0] = 4; }, "query heads 8");
+  expectRefused("page shift out of range", [](FieldSet& f) {
+    CalibTable t = makeTable();
+    t.pageShift.assign(kHq, 0.2f);
+    t.pageShift[2] = 9.f;
+    f.table = serializeCalibTable(t);
+  }, "page shift");
   expectRefused("corrupt table", [](FieldSet& f) { f.table[100] ^= 0x40; }, "checksum");
   expectRefused("truncated table", [](FieldSet& f) { f.table.resize(f.table.size() - 4); }, "payload bytes");
   expectRefused("not a table", [](FieldSet& f) { f.table.assign(80, 0); }, "'TQCT'");
@@ -479,12 +492,14 @@ int describeTable(char const* path) {
     for (auto x : v) s += double(x);
     return s;
   };
-  std::printf("fingerprint=%llu layer=%d kv_heads=%d head_dim=%d key_x2=%d value_x2=%d\n",
-              (unsigned long long)t.modelFingerprint, t.layerIdx, t.numKvHeads, t.headDim, t.keyWidthX2, t.valueWidthX2);
+  std::printf("fingerprint=%llu layer=%d kv_heads=%d q_heads=%d head_dim=%d key_x2=%d value_x2=%d\n",
+              (unsigned long long)t.modelFingerprint, t.layerIdx, t.numKvHeads, t.numQHeads, t.headDim,
+              t.keyWidthX2, t.valueWidthX2);
   for (auto const* side : {&t.key, &t.value})
     std::printf("%s codebooks=%zu:%.9g mean=%zu:%.9g scale=%zu:%.9g perm=%zu:%.0f\n", side == &t.key ? "key" : "value",
                 side->codebooks.size(), sum(side->codebooks), side->mean.size(), sum(side->mean), side->scale.size(),
                 sum(side->scale), side->perm.size(), sum(side->perm));
+  std::printf("page_shift=%zu:%.9g\n", t.pageShift.size(), sum(t.pageShift));
   return 0;
 }
 

@@ -97,8 +97,10 @@ def run_case(work: Path, case: dict) -> None:
     dtype = DTYPES[case["dtype"]]
     key = make_codec(d, case["kw"], hkv, gen, seed=77, tables=case["tables"])
     value = make_codec(d, case["vw"], hkv, gen, seed=77, tables=case["tables"])
+    # calibrated cases carry a page shift too (the kernels lower the cached positions by it)
+    shift = torch.rand(hq, generator=gen) + 0.5 if case["tables"] else None
     fields = plugin_fields(key, value, num_q_heads=hq, kv_heads=hkv, layer_idx=LAYER, tokens_per_block=T,
-                           fingerprint=0xFEEDC0DE12345678, **case["rope"])
+                           fingerprint=0xFEEDC0DE12345678, page_lse_shift=shift, **case["rope"])
     write_fields(case_dir / "fields.bin", fields)
     layouts = (PageLayout(key.spec, T), PageLayout(value.spec, T))
     head_size = max(key.spec.bytes_per_token, value.spec.bytes_per_token)  # what the builder declares
@@ -183,7 +185,8 @@ def run_case(work: Path, case: dict) -> None:
         row = 0
         for seq, kv_len, q, own in q_rot:
             k_enc, v_enc = stored(seq, kv_len)
-            ref = reference_attention(q.float(), key.decode(k_enc), value.decode(v_enc), 1 / math.sqrt(d), own)
+            ref = reference_attention(q.float(), key.decode(k_enc), value.decode(v_enc), 1 / math.sqrt(d), own,
+                                      shift)
             got = out[row: row + q.shape[0]]
             assert torch.isfinite(got).all(), f"step {i}, sequence {seq}: non-finite output"
             err = float((got - ref).abs().max())

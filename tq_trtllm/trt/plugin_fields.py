@@ -10,19 +10,21 @@ from __future__ import annotations
 import struct
 
 import numpy as np
+import torch
 
 from ..core.errors import TQError
 from ..core.quantizer import VectorCodec
 from ..core.spec import FORMAT_VERSION
 
 TABLE_MAGIC = b"TQCT"
-TABLE_VERSION = 1
+TABLE_VERSION = 2
 HEADER = struct.Struct("<4sIII Q iiiii I Q II")  # 64 bytes, field order as in docs/PLUGIN.md
 ROPE_SCALING = {"none": 0, "linear": 1, "llama3": 2}
 
 # Flag bits: which optional arrays follow the codebooks, in this order.
 OPTIONAL_ARRAYS = (("key", "mean", 1 << 0), ("key", "scale", 1 << 1), ("key", "perm", 1 << 2),
                    ("value", "mean", 1 << 3), ("value", "scale", 1 << 4), ("value", "perm", 1 << 5))
+PAGE_SHIFT_FLAG = 1 << 6  # the table's page_lse_shift, fp32 [num_q_heads], after the arrays above
 
 
 def fingerprint_u64(fingerprint: dict) -> int:
@@ -38,8 +40,10 @@ def _fnv1a(data: bytes) -> int:
 
 
 def calibration_table_bytes(key: VectorCodec, value: VectorCodec, *, layer_idx: int, kv_heads: int,
-                            fingerprint: int) -> bytes:
-    """One layer's table from its two codecs (their codebooks, means, scales, permutations)."""
+                            num_q_heads: int, fingerprint: int,
+                            page_lse_shift: torch.Tensor | None = None) -> bytes:
+    """One layer's table from its two codecs (their codebooks, means, scales, permutations) and
+    the table's page shift ([num_q_heads], or None)."""
     head_dim = key.spec.head_dim
     if value.spec.head_dim != head_dim:
         raise TQError("keys and values must share head_dim")
@@ -56,22 +60,30 @@ def calibration_table_bytes(key: VectorCodec, value: VectorCodec, *, layer_idx: 
             continue
         flags |= bit
         payload += np.ascontiguousarray(a, dtype="<i4" if name == "perm" else "<f4").tobytes()
+    if page_lse_shift is not None:
+        if tuple(page_lse_shift.shape) != (num_q_heads,):
+            raise TQError(f"page_lse_shift must hold {num_q_heads} values, one per query head")
+        flags |= PAGE_SHIFT_FLAG
+        payload += page_lse_shift.detach().cpu().numpy().astype("<f4").tobytes()
     header = HEADER.pack(TABLE_MAGIC, TABLE_VERSION, FORMAT_VERSION, HEADER.size, fingerprint & (2**64 - 1),
                          layer_idx, kv_heads, head_dim, int(key.spec.width * 2), int(value.spec.width * 2),
-                         flags, len(payload), _fnv1a(payload), 0)
+                         flags, len(payload), _fnv1a(payload), num_q_heads)
     return header + payload
 
 
 def plugin_fields(key: VectorCodec, value: VectorCodec, *, num_q_heads: int, kv_heads: int, layer_idx: int,
                   tokens_per_block: int, fingerprint: int, rope_base: float, rope_scaling: str = "none",
                   rope_factor: float = 1.0, rope_low_freq_factor: float = 1.0,
-                  rope_high_freq_factor: float = 4.0, rope_original_max_positions: int = 8192) -> dict:
+                  rope_high_freq_factor: float = 4.0, rope_original_max_positions: int = 8192,
+                  page_lse_shift: torch.Tensor | None = None) -> dict:
     """name -> numpy array (dtype = the field's type; the table as uint8 for kUNKNOWN)."""
     if key.seed != value.seed:
         raise TQError("the plugin takes one rotation seed for keys and values of a layer")
     if rope_scaling not in ROPE_SCALING:
         raise TQError(f"rope scaling {rope_scaling!r} is not supported; use one of {', '.join(ROPE_SCALING)}")
-    table = calibration_table_bytes(key, value, layer_idx=layer_idx, kv_heads=kv_heads, fingerprint=fingerprint)
+    table = calibration_table_bytes(key, value, layer_idx=layer_idx, kv_heads=kv_heads,
+                                    num_q_heads=num_q_heads, fingerprint=fingerprint,
+                                    page_lse_shift=page_lse_shift)
     i32, f32 = np.int32, np.float32
     return {
         "num_q_heads": np.array([num_q_heads], i32),
