@@ -110,7 +110,15 @@ def test_ppl_and_needle_commands(engine, calib_file):
         assert key in rows[0]
     needle = invoke(tq_eval, "needle", "--engine", engine, "--lengths", "64,128", "--json")
     assert needle.exit_code == 0, needle.output
-    assert set(json.loads(needle.stdout)) >= {"fp16", "kv", "equal"}
+    report = json.loads(needle.stdout)
+    assert set(report) >= {"fp16", "kv", "equal", "answers"}
+    # one answer per prompt and cache, and the accuracies are the answers holding their key
+    assert len(report["answers"]) == 2 * len(report["depths"])
+    for name in ("fp16", "kv"):
+        for length in (64, 128):
+            rows = [a for a in report["answers"] if a["length"] == length]
+            assert all(isinstance(a[name], str) for a in rows)
+            assert report[name][str(length)] == sum(a["key"] in a[name] for a in rows) / len(rows)
     from tq_trtllm import kernels
 
     if not kernels.available():  # --device cuda where the kernels cannot run: a clear error

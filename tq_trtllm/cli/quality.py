@@ -90,7 +90,8 @@ def _lengths(text: str) -> list[int]:
 @click.option("--lengths", default="1024,2048,4096,8000", show_default=True,
               help="Comma-separated context lengths in tokens (at most the model's context).")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object (with every prompt's answers under 'answers').")
 @device_option
 @clean_errors
 def needle(engine_dir, lengths, seed, as_json, device):
@@ -110,11 +111,11 @@ def needle(engine_dir, lengths, seed, as_json, device):
     factories = {"fp16": lambda: RoundtripCache("fp16", len(table.layers), table.head_dim),
                  "kv": lambda: TurboQuantCache(table, backend=backend)}
     bar = tqdm(total=len(lengths) * len(DEPTHS) * 2, desc="passkey prompts")  # stderr
-    results = passkey_accuracy(loaded.model, loaded.tokenizer, lengths, factories, seed,
-                               progress=bar.update)
+    results, answers = passkey_accuracy(loaded.model, loaded.tokenizer, lengths, factories, seed,
+                                        progress=bar.update)
     bar.close()
     out = {"lengths": lengths, "fp16": results["fp16"], "kv": results["kv"],
-           "equal": results["fp16"] == results["kv"], "depths": list(DEPTHS)}
+           "equal": results["fp16"] == results["kv"], "depths": list(DEPTHS), "answers": answers}
     if as_json:
         click.echo(json.dumps(out))
         return

@@ -34,25 +34,28 @@ def check_length(length: int, max_context: int, new_tokens: int) -> None:
 
 
 def passkey_accuracy(model, tokenizer, lengths, cache_factories: dict, seed: int = 0,
-                     depths=DEPTHS, progress=None) -> dict:
-    """cache_factories: name -> zero-argument cache factory. Returns name -> {length: accuracy}."""
+                     depths=DEPTHS, progress=None) -> tuple[dict, list[dict]]:
+    """cache_factories: name -> zero-argument cache factory. Returns (name -> {length: accuracy},
+    one row per prompt: its length, depth and key, and each cache's generated text by name)."""
     use_turboquant_attention(model)
     max_context = int(getattr(model.config, "max_position_embeddings", 2048))
     rng = random.Random(seed)
     results = {name: {} for name in cache_factories}
+    answers = []
     for length in lengths:
         check_length(length, max_context, 8)
-        trials = [(depth, str(rng.randint(10000, 99999))) for depth in depths]
+        trials = [{"length": length, "depth": depth, "key": str(rng.randint(10000, 99999))}
+                  for depth in depths]
+        answers += trials
         for name, factory in cache_factories.items():
-            hits = 0
-            for depth, key in trials:
-                ids = passkey_prompt(tokenizer, length, depth, key).to(model.device)
+            for trial in trials:
+                ids = passkey_prompt(tokenizer, length, trial["depth"], trial["key"]).to(model.device)
                 with torch.inference_mode():
                     out = model.generate(ids, attention_mask=torch.ones_like(ids),
                                          past_key_values=factory(), max_new_tokens=8,
                                          do_sample=False, pad_token_id=tokenizer.eos_token_id)
-                hits += key in tokenizer.decode(out[0, ids.shape[1]:])
+                trial[name] = tokenizer.decode(out[0, ids.shape[1]:])
                 if progress:
                     progress()
-            results[name][length] = hits / len(trials)
-    return results
+            results[name][length] = sum(t["key"] in t[name] for t in trials) / len(trials)
+    return results, answers
