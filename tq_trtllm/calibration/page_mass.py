@@ -26,7 +26,7 @@ def lse_inflation(q: torch.Tensor, k: torch.Tensor, k_hat: torch.Tensor, scale: 
     group = q.shape[0] // k.shape[0]
     q = q.double()
     s, s_hat = (q @ x.double().repeat_interleave(group, 0).transpose(-1, -2) * scale for x in (k, k_hat))
-    i = torch.arange(q.shape[1])
+    i = torch.arange(q.shape[1], device=q.device)  # the masks live where the logits do
     paged = (i[None, :] <= i[:, None] - recent) & (i[None, :] >= first)
     rows = paged.any(dim=-1)
     lse = lambda x: torch.logsumexp(x.masked_fill(~paged, float("-inf")), dim=-1)[:, rows]  # noqa: E731
