@@ -5,15 +5,16 @@ import torch
 
 from hf_fixtures import tiny_model, tiny_text, tiny_tokenizer
 from tq_trtllm.calibration.allocate import EFFECTIVE_OVERHEAD, allocate_widths
-from tq_trtllm.calibration.calibrate import CalibrationOptions, calibrate, collect_stats
+from tq_trtllm.calibration.calibrate import CalibrationOptions, calibrate, collect_stats, rotary_means
 from tq_trtllm.calibration.capture import run_observed, token_windows
 from tq_trtllm.calibration.page_mass import lse_inflation, measure_page_shifts
 from tq_trtllm.calibration.sensitivity import fisher_gradients
 from tq_trtllm.calibration.stats import ChannelStats, output_weights
 from tq_trtllm.core.quantizer import VectorCodec
+from tq_trtllm.core.rotary_mean import pre_rope, select_pairs
 from tq_trtllm.core.spec import CodecSpec
 from tq_trtllm.models.checkpoint import LoadedModel
-from tq_trtllm.models.registry import get_family
+from tq_trtllm.models.registry import get_family, rotary_frequencies
 
 pytest.importorskip("transformers")
 
@@ -35,6 +36,30 @@ def test_stats_match_direct_computation(loaded):
     assert torch.allclose(scale.log().mean(dim=-1), torch.zeros(2, dtype=torch.float64), atol=1e-9)
     o_proj = loaded.model.model.layers[1].self_attn.o_proj.weight
     assert torch.equal(s.value_weight, output_weights(o_proj, 2, 64))
+
+
+def test_rotary_means_hold_the_largest_pre_rope_key_means(loaded):
+    windows = token_windows(loaded.tokenizer, tiny_text(200), 64, 2)
+    rotary = rotary_means(loaded.model, windows, skip=1, pairs=4)
+    inv_freq = rotary_frequencies(loaded.model)
+    keys = {}
+    run_observed(loaded.model, windows, lambda layer, q, k, v: keys.update({layer: k.detach()}))
+    for layer, k in keys.items():  # [windows, H, T, d]
+        pre = pre_rope(k[:, :, 1:], torch.arange(1, 64), inv_freq).mean(dim=(0, 2))
+        energy = pre[:, :32] ** 2 + pre[:, 32:] ** 2
+        assert rotary[layer].channels[..., 0].tolist() == energy.topk(4).indices.sort().values.tolist()
+        # stated at packed position 0, which is sequence position 1 (one exact sink token)
+        torch.testing.assert_close(rotary[layer].mean, select_pairs(pre, inv_freq, 4, offset=1).mean)
+
+
+def test_key_statistics_are_those_of_the_keys_less_their_rotary_mean(loaded):
+    windows = token_windows(loaded.tokenizer, tiny_text(200), 64, 2)
+    rotary = rotary_means(loaded.model, windows, skip=0, pairs=16)
+    plain = collect_stats(loaded.model, windows, skip=0)
+    turned = collect_stats(loaded.model, windows, skip=0, rotary=rotary)
+    for a, b in zip(plain, turned):
+        assert torch.equal(a.v_sum, b.v_sum)  # values untouched
+        assert b.key_power(centred=True).sum() < a.key_power(centred=True).sum()
 
 
 def test_key_scale_is_the_fourth_root_rule():

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from tq_trtllm.core.quantizer import VectorCodec
+from tq_trtllm.core.rotary_mean import select_pairs
 from tq_trtllm.core.spec import CodecSpec
 from tq_trtllm.trt.plugin_fields import calibration_table_bytes
 
@@ -82,8 +83,11 @@ def test_preload_variant_registers_when_loaded(builds):
 def test_python_table_reads_back_in_cpp(unit_tests, tmp_path, gen):
     head_dim, kv_heads = 128, 4
     outliers = torch.stack([torch.randperm(head_dim, generator=gen)[:head_dim // 2] for _ in range(kv_heads)])
+    inv_freq = 10000.0 ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    rotary = select_pairs(torch.randn(kv_heads, head_dim, generator=gen, dtype=torch.float64), inv_freq, 16)
     key = VectorCodec(CodecSpec(head_dim, 3.5), seed=11, mean=torch.randn(kv_heads, head_dim, generator=gen),
-                      scale=torch.rand(kv_heads, head_dim, generator=gen) + 0.5, outliers=outliers)
+                      scale=torch.rand(kv_heads, head_dim, generator=gen) + 0.5, outliers=outliers,
+                      rotary=rotary)
     value = VectorCodec(CodecSpec(head_dim, 3), seed=11)
     path = tmp_path / "table.bin"
     shift = torch.rand(16, generator=gen)
@@ -104,6 +108,10 @@ def test_python_table_reads_back_in_cpp(unit_tests, tmp_path, gen):
     assert value_line["codebooks"][0] == 8 and value_line["mean"][0] == 0 and value_line["perm"][0] == 0
     n, total = lines[3].removeprefix("page_shift=").split(":")
     assert int(n) == 16 and float(total) == pytest.approx(float(shift.sum()), rel=1e-6)
+    got = dict(re.findall(r"(\w+)=(\S+)", lines[4]))
+    assert int(got["rotary"]) == 16 and float(got["channel"]) == float(rotary.channels[..., 0].sum())
+    assert float(got["freq"]) == pytest.approx(float(rotary.freq.sum()), rel=1e-6)
+    assert float(got["mean"]) == pytest.approx(float(rotary.mean.sum()), rel=1e-5, abs=1e-5)
 
 
 def test_corrupt_python_table_is_refused(unit_tests, tmp_path):

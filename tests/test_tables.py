@@ -13,12 +13,17 @@ FP = {"family": "llama", "layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 64,
 
 
 def calibrated_table(gen) -> KVTable:
+    """Layer 0 has every key table (a rotary mean of 3 pairs included), layer 1 the value tables."""
+    a = torch.tensor([[0, 5, 31], [2, 3, 4]])
     layers = [
         LayerTable(3.5, 3.0, 7, key_mean=torch.randn(2, 64, generator=gen),
                    key_scale=torch.rand(2, 64, generator=gen) + 0.5,
                    key_outliers=torch.stack([torch.randperm(64, generator=gen)[:32].sort().values
                                              for _ in range(2)]),
-                   page_lse_shift=torch.rand(4, generator=gen) * 0.3),
+                   page_lse_shift=torch.rand(4, generator=gen) * 0.3,
+                   key_rotary_channels=torch.stack([a, a + 32], dim=-1),
+                   key_rotary_freq=torch.rand(2, 3, generator=gen) + 0.01,
+                   key_rotary_mean=torch.randn(2, 3, 2, generator=gen)),
         LayerTable(2.0, 2.5, 8, value_mean=torch.randn(2, 64, generator=gen),
                    value_scale=torch.rand(2, 64, generator=gen) + 0.5,
                    value_outliers=torch.arange(32).repeat(2, 1)),
@@ -38,10 +43,11 @@ def test_round_trip(tmp_path, gen):
         for name in LayerTable.TENSORS:
             x, y = getattr(a, name), getattr(b, name)
             assert (x is None and y is None) or torch.equal(x, y)
-    x = torch.randn(5, 2, 64, generator=gen)
+    x, pos = torch.randn(5, 2, 64, generator=gen), torch.arange(5)
     for layer in range(2):
         for kind in range(2):
-            assert torch.equal(table.codecs(layer)[kind].roundtrip(x), back.codecs(layer)[kind].roundtrip(x))
+            assert torch.equal(table.codecs(layer)[kind].roundtrip(x, pos),
+                               back.codecs(layer)[kind].roundtrip(x, pos))
     assert torch.equal(back.codecs(1)[1].scale, table.layers[1].value_scale.double())
     assert not list(tmp_path.glob("*.tmp"))
 
@@ -96,6 +102,17 @@ def _rewrite_header(path, edit):
      "must be float32"),
     (lambda h, t: t.update({"layers.1.page_lse_shift": torch.full((4,), 9.0)}), "outside"),
     (lambda h, t: t.update({"layers.1.page_lse_shift": torch.full((4,), float("nan"))}), "NaN"),
+    (lambda h, t: t.pop("layers.0.key_rotary_freq"), "rotary mean is incomplete"),
+    (lambda h, t: t.update({"layers.0.key_rotary_channels": torch.tensor([[[0, 1]] * 3] * 2)}),
+     "not distinct rotate-half pairs"),
+    (lambda h, t: t.update({"layers.0.key_rotary_channels": torch.tensor([[[0, 32]] * 3] * 2)}),
+     "not distinct rotate-half pairs"),
+    (lambda h, t: t.update({"layers.0.key_rotary_freq": torch.full((2, 3), 4.0)}), r"outside \(0, pi\]"),
+    (lambda h, t: t.update({"layers.0.key_rotary_mean": torch.full((2, 3, 2), float("inf"))}), "NaN/Inf"),
+    (lambda h, t: t.update({"layers.0.key_rotary_mean": torch.zeros(2, 4, 2)}), r"shape \[2, 3, 2\]"),
+    (lambda h, t: t.update({"layers.0.key_rotary_mean": torch.zeros(2, 3, 2, dtype=torch.float64)}),
+     "must be int64 channels and float32"),
+    (lambda h, t: t.update({"layers.0.key_rotary_freq": torch.ones(3, 3)}), "expected 2 heads"),
 ])
 def test_damaged_header_or_tensors_are_refused(tmp_path, gen, edit, message):
     path = tmp_path / "t.safetensors"
@@ -106,9 +123,11 @@ def test_damaged_header_or_tensors_are_refused(tmp_path, gen, edit, message):
 
 
 def test_side_bytes_count_means_and_scales_at_fp32_and_outliers_at_one_byte(gen):
-    # layer 0: key mean, key scale, 32 key outliers, 4 shifts; layer 1: value mean, value scale,
-    # 32 value outliers
-    assert calibrated_table(gen).side_bytes() == 2 * (2 * 2 * 64 * 4 + 2 * 32) + 4 * 4
+    # layer 0: key mean, key scale, 32 key outliers, 4 shifts, 3 rotary pairs (two one-byte
+    # channels, fp32 frequency and mean pair each); layer 1: value mean, value scale, 32 value
+    # outliers
+    rotary = 2 * 3 * (2 + 4 + 2 * 4)
+    assert calibrated_table(gen).side_bytes() == 2 * (2 * 2 * 64 * 4 + 2 * 32) + 4 * 4 + rotary
 
 
 def test_effective_bits_count_every_byte():

@@ -39,15 +39,25 @@ constexpr int kMergeWarps = 4;  // warps per query row in the merge pass
 constexpr int kMinSplitTokens = 256;  // 64 measured 2x slower at 1x4096 (docs/BENCHMARKS.md)
 constexpr float kLn2 = 0.6931471805599453f;
 
+// The rotary mean's tables, where the query rows were (they are in registers by then): the cos |
+// sin of the angles j f_i, j = 0 .. kChunk - 1, as fp16 hi [kChunk][kRotLd] and lo (the
+// remainder) [kChunk][kRotLd]; then float2 [TQ_MAX_ROTARY_PAIRS]: each pair's turn over a warp's
+// stride between tiles. (At head_dim 128 the query rows' region nearly holds them: 4-bit tiles
+// keep 4 CTAs per SM.)
+constexpr int kRotTableBytes = 2 * kChunk * kRotLd * 2;
+constexpr int kRotBytes = kRotTableBytes + TQ_MAX_ROTARY_PAIRS * 8;
+
 struct SmemPlan {
   int q_half, tables, stages, stage_bytes, combine, total;
 };
 
+// rotary: the key codec has a rotary mean (its tables share the query rows' region).
 template <int D>
-__host__ __device__ inline SmemPlan smem_plan(const PageShape& kt, const PageShape& vt) {
+__host__ __device__ inline SmemPlan smem_plan(const PageShape& kt, const PageShape& vt, bool rotary) {
   SmemPlan p{};
-  p.q_half = 0;                                      // __half[16][D + 8]
-  p.tables = kRows * (D + 8) * 2;                    // ByteTables[2][2]: K, V codebooks
+  p.q_half = 0;                                      // __half[16][D + 8], then the rotary tables
+  const int q_bytes = kRows * (D + 8) * 2;
+  p.tables = (rotary && kRotBytes > q_bytes ? kRotBytes : q_bytes + 15) / 16 * 16;  // ByteTables[2][2]
   p.stages = p.tables + 2 * TQ_MAX_GROUPS * int(sizeof(ByteTables));  // per warp: kStages x (K, V chunk)
   p.stage_bytes = kt.page_bytes + vt.page_bytes;
   const int loop_bytes = p.stages + kWarps * kStages * p.stage_bytes;
@@ -77,7 +87,8 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
   const int b = blockIdx.z / a.row_tiles, rt = blockIdx.z % a.row_tiles;
   const PageShape kt = tile_shape<D, KG, KB>(a.chunk[0]);
   const PageShape vt = tile_shape<D, VG, VB>(a.chunk[1]);
-  const SmemPlan plan = smem_plan<D>(kt, vt);
+  const CodecLayout& kc = a.cache.codec[0];
+  const SmemPlan plan = smem_plan<D>(kt, vt, kc.rotary_pairs > 0);
   __half* q_s = reinterpret_cast<__half*>(smem + plan.q_half);
   ByteTables* tables = reinterpret_cast<ByteTables*>(smem + plan.tables);  // [kv * 2 + group]
 
@@ -96,7 +107,7 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
       if (!page) continue;
       const T* x = static_cast<const T*>(a.new_kv[kind]) + (int64_t(b) * a.q_len + j) * a.new_stride +
                    int64_t(kvh) * D;
-      encode_vector<D, T>(a.cache.codec[kind], kvh, x, page, pos % a.cache.tokens);
+      encode_vector<D, T>(a.cache.codec[kind], kvh, x, page, pos);
     }
   }
   // --- The rotated query rows, fp16 into shared memory; the codebook tables. ---
@@ -108,6 +119,25 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
     for (int e = 0; e < E; ++e) q_s[rr * (D + 8) + lane * E + e] = __float2half_rn(x[e]);
   }
   fill_byte_tables(tables, a.cache);
+  // The rotary mean's logit term (attention_common.cuh): over the tokens j of a tile that starts at
+  // position p0, sum_i Re(w_i e^{i j f_i}) with w_i = z_i e^{i p0 f_i}: A = the cos | sin table of
+  // the angles j f_i, the same for every tile, B = (Re w, -Im w) of each row. Both in hi + lo fp16
+  // (three products): about 22 bits, so the term adds no error of its own. This thread's w: row
+  // 8nr + g4 of each row tile, pairs 8s + 2tig + u (its B fragment's k columns), at the warp's
+  // first tile, turned by the warp's stride after each tile.
+  const int rot_steps = (kc.rotary_pairs + 7) / 8;  // mma k steps, 8 pairs each
+  float2 rot_w[NR][2][2] = {};
+  if (rot_steps)
+#pragma unroll
+    for (int nr = 0; nr < NR; ++nr)
+#pragma unroll
+      for (int s = 0; s < 2; ++s)
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int i = 8 * s + 2 * tig + u;
+          const float2 z = rotary_z<D, T>(a, b, kvh, row0 + 8 * nr + g4, i);
+          rot_w[nr][s][u] = turn_by(z, rotary_turn(split_begin + warp * kChunk, rotary_freq(a, kvh, i)));
+        }
   __syncthreads();
 
   // Query B fragments, held in registers for the whole loop. In k step st of group g, this
@@ -132,6 +162,19 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
         qb[g * KSTEPS + st][nr][1] = pack_half2(q[c[2]], q[c[3]]);
       }
     }
+
+  __half* rot_e = q_s;  // the rotary tables replace the query rows, now in registers
+  float2* rot_turn = reinterpret_cast<float2*>(smem + plan.q_half + kRotTableBytes);
+  if (rot_steps) {
+    __syncthreads();  // every warp holds its query fragments
+    for (int idx = threadIdx.x; idx < kChunk * TQ_MAX_ROTARY_PAIRS; idx += 32 * kWarps) {
+      const int j = idx / TQ_MAX_ROTARY_PAIRS, i = idx % TQ_MAX_ROTARY_PAIRS;
+      store_turn_hi_lo(rot_e + j * kRotLd, rot_e + (kChunk + j) * kRotLd, i, small_turn(j, rotary_freq(a, kvh, i)));
+    }
+    if (threadIdx.x < TQ_MAX_ROTARY_PAIRS)
+      rot_turn[threadIdx.x] = rotary_turn(kWarps * kChunk, rotary_freq(a, kvh, threadIdx.x));
+    __syncthreads();
+  }
 
   // Causal limits of this thread's rows 8nr + 2tig + j; tiles that end before keys.full_end skip
   // the mask.
@@ -254,6 +297,38 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
           s[h][nr][3] += (sg[nr][0][3] + sg[nr][1][3]) * n1;
         }
       }
+    if (rot_steps) {  // the rotary mean's term, then w turned to the warp's next tile
+#pragma unroll
+      for (int st = 0; st < 2; ++st) {
+        if (st >= rot_steps) break;
+        uint32_t re_hi[NR], re_lo[NR], im_hi[NR], im_lo[NR];
+#pragma unroll
+        for (int nr = 0; nr < NR; ++nr) {
+          split_half2(rot_w[nr][st][0].x, rot_w[nr][st][1].x, re_hi[nr], re_lo[nr]);
+          split_half2(-rot_w[nr][st][0].y, -rot_w[nr][st][1].y, im_hi[nr], im_lo[nr]);
+        }
+        const int lm = lane >> 3;  // lanes 8m .. 8m+7 address rows 8 (m % 2) .., columns 8 (m / 2) ..
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint32_t e_hi[4], e_lo[4];
+          const __half* e_row = rot_e + (kTile * h + 8 * (lm & 1) + (lane & 7)) * kRotLd + 16 * st + 8 * (lm >> 1);
+          ldmatrix_x4(e_hi, e_row);
+          ldmatrix_x4(e_lo, e_row + kChunk * kRotLd);
+#pragma unroll
+          for (int nr = 0; nr < NR; ++nr) {
+            mma_16816(s[h][nr], e_hi, re_hi[nr], im_hi[nr]);
+            mma_16816(s[h][nr], e_lo, re_hi[nr], im_hi[nr]);
+            mma_16816(s[h][nr], e_hi, re_lo[nr], im_lo[nr]);
+          }
+        }
+        const float4 t = *reinterpret_cast<const float4*>(rot_turn + 8 * st + 2 * tig);
+#pragma unroll
+        for (int nr = 0; nr < NR; ++nr) {
+          rot_w[nr][st][0] = turn_by(rot_w[nr][st][0], make_float2(t.x, t.y));
+          rot_w[nr][st][1] = turn_by(rot_w[nr][st][1], make_float2(t.z, t.w));
+        }
+      }
+    }
     // Mask (beyond the split or the staged tokens, or after the row's own position) where a token
     // can be masked, then the online softmax; a row's 32 scores lie across the 8 lanes of its tig.
     if (!full) {
@@ -589,7 +664,7 @@ void (*split_kernel_for(const CacheView& c))(AttnArgs) {
 
 template <int D, typename T>
 tq_status launch_split_pass(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
-  const SmemPlan plan = smem_plan<D>(a.chunk[0], a.chunk[1]);
+  const SmemPlan plan = smem_plan<D>(a.chunk[0], a.chunk[1], a.cache.codec[0].rotary_pairs > 0);
   auto kernel = row_ntiles(a.rows) == 1 ? split_kernel_for<D, 1, T>(a.cache)
                                          : split_kernel_for<D, 2, T>(a.cache);
   if (plan.total > 48 * 1024 &&

@@ -124,6 +124,58 @@ __host__ __device__ inline int64_t ws_slot(const AttnArgs& a, int b, int kvh, in
   return ((int64_t(b) * a.cache.num_kv_heads + kvh) * a.row_tiles * kRows + r) * a.num_splits + split;
 }
 
+// The rotary mean in attention (FORMAT.md section 1.1): q . R(pos) m = sum_i Re(z_i e^{i pos f_i})
+// over the key codec's pairs i. Both passes add it with one more mma k step per 8 pairs, the
+// product of a cos | sin table of angles with a (Re, -Im) row per query row, in rows of kRotLd
+// fp16: pair i's cos at column rot_col(i), its sin 8 further (40 columns put the 8 rows that one
+// fragment or ldmatrix reads on distinct banks).
+constexpr int kRotLd = 2 * TQ_MAX_ROTARY_PAIRS + 8;
+__host__ __device__ inline int rot_col(int i) { return 16 * (i / 8) + i % 8; }
+
+// z_i of query row r times q_scale (zero for a padding row or a pair beyond rotary_pairs):
+// Re z = q[a] m + q[a + D/2] m', Im z = q[a] m' - q[a + D/2] m for pair i = (a, a + D/2).
+template <int D, typename T>
+__device__ inline float2 rotary_z(const AttnArgs& a, int b, int kvh, int r, int i) {
+  const CodecLayout& kc = a.cache.codec[0];
+  if (i >= kc.rotary_pairs || r >= a.rows) return make_float2(0.0f, 0.0f);
+  const int k = kvh * kc.rotary_pairs + i, ch = kc.rotary_channel[k];
+  const T* qv = static_cast<const T*>(a.q) +
+                ((int64_t(b) * a.q_len + r / a.group) * a.num_q_heads + kvh * a.group + r % a.group) * D;
+  const float qa = to_float(qv[ch]) * a.q_scale, qb = to_float(qv[ch + D / 2]) * a.q_scale;
+  const float m0 = kc.rotary_mean[2 * k], m1 = kc.rotary_mean[2 * k + 1];
+  return make_float2(qa * m0 + qb * m1, qa * m1 - qb * m0);
+}
+
+// Frequency of the key codec's pair i of head kvh (0 beyond rotary_pairs: a zero angle).
+__device__ inline float rotary_freq(const AttnArgs& a, int kvh, int i) {
+  const CodecLayout& kc = a.cache.codec[0];
+  return i < kc.rotary_pairs ? kc.rotary_freq[kvh * kc.rotary_pairs + i] : 0.0f;
+}
+
+// (cos, sin) of j * freq for a small offset j (a few hundred radians at most): one MUFU pair,
+// whose error (~1e-5 there) lies far below the fp16 the tables hold.
+__device__ inline float2 small_turn(int j, float freq) {
+  float s, c;
+  __sincosf(float(j) * freq, &s, &c);
+  return make_float2(c, s);
+}
+
+// Pair i's (cos, sin) into its columns of a table row in fp16, hi and lo (the rounding remainder).
+__device__ inline void store_turn_hi_lo(__half* hi_row, __half* lo_row, int i, float2 cs) {
+#pragma unroll
+  for (int part = 0; part < 2; ++part) {
+    const float v = part ? cs.y : cs.x;
+    const __half hi = __float2half_rn(v);
+    hi_row[rot_col(i) + 8 * part] = hi;
+    lo_row[rot_col(i) + 8 * part] = __float2half_rn(v - __half2float(hi));
+  }
+}
+
+// (cos, sin) of (base + j) * freq from base's exact turn and j's small one.
+__device__ inline float2 turn_by(float2 base, float2 step) {
+  return make_float2(base.x * step.x - base.y * step.y, base.x * step.y + base.y * step.x);
+}
+
 // Query row r rotated into the keys' domain (FORMAT.md "Attention never needs step 5"): key scale,
 // permutation, signs and each group's Hadamard transform, times q_scale; the warp holds the row,
 // lane L the permuted coordinates L*E .. L*E+E-1. Zeros for a padding row (r >= rows).

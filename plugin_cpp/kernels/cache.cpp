@@ -17,6 +17,9 @@ tq_status make_cache_view(const tq_paged_cache* cache, CacheView* out) {
   CacheView v{};
   TQ_TRY(make_layout(&cache->key, cache->tokens_per_block, "key", &v.codec[0]));
   TQ_TRY(make_layout(&cache->value, cache->tokens_per_block, "value", &v.codec[1]));
+  if (cache->value.rotary_pairs)
+    return fail(TQ_ERR_INVALID_ARGUMENT, "the value codec has %d rotary pairs; the rotary mean is "
+                "for keys only (set value.rotary_pairs to 0)", cache->value.rotary_pairs);
   if (cache->key.head_dim != cache->value.head_dim)
     return fail(TQ_ERR_INVALID_ARGUMENT, "keys (head_dim %d) and values (head_dim %d) must share "
                 "head_dim", cache->key.head_dim, cache->value.head_dim);

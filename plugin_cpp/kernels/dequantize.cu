@@ -1,6 +1,6 @@
 // dequantize.cu: tq_dequantize. One warp decodes one (position, KV head, K or V) vector
 // (docs/FORMAT.md section 1, step 5): centroids, inverse rotation, norm, signs, un-permutation,
-// scale and mean. For tests and export; attention never materializes these vectors.
+// scale, mean and rotary mean. For tests and export; attention never materializes these vectors.
 #include "cache.h"
 #include "device_common.cuh"
 #include "errors.h"
@@ -39,12 +39,15 @@ __global__ void __launch_bounds__(32 * kVectorWarps) dequantize_kernel(DequantAr
   for (int e = 0; e < E; ++e) y[e] = l.codebook[g][code_at(page, l, g, slot, lane * E + e - gl.start)];
   warp_fwht<E>(y, gl.dim);  // the orthonormal Hadamard transform is its own inverse
   const float norm = norm_at(page, l, g, slot);
+  int ch[E];
+  float rot[E] = {};
+#pragma unroll
+  for (int e = 0; e < E; ++e) ch[e] = channel_of(l, head, lane * E + e);
+  if (l.rotary_pairs) rotary_channels<E>(l, head, pos, ch, rot);
 #pragma unroll
   for (int e = 0; e < E; ++e) {
-    const int j = lane * E + e;
-    const int ch = channel_of(l, head, j);
-    const float z = y[e] * norm * rotation_sign(l.seed, j);
-    out[ch] = from_float<T>(z * scale_of(l, head, ch) + mean_of(l, head, ch));
+    const float z = y[e] * norm * rotation_sign(l.seed, lane * E + e);
+    out[ch[e]] = from_float<T>(z * scale_of(l, head, ch[e]) + mean_of(l, head, ch[e]) + rot[e]);
   }
 }
 

@@ -47,6 +47,43 @@ __device__ inline float scale_of(const CodecLayout& l, int head, int ch) {
   return l.scale ? l.scale[head * l.head_dim + ch] : 1.0f;
 }
 
+// (cos, sin) of pos * freq (FORMAT.md section 1.1): the angle formed and reduced modulo 2 pi in
+// double, so that positions up to 2^31 keep float accuracy, then one MUFU pair on [-pi, pi].
+__device__ inline float2 rotary_turn(int pos, float freq) {
+  constexpr double kTwoPi = 6.283185307179586476925286766559;
+  constexpr double kInvTwoPi = 0.15915494309189533576888376337251;
+  const double angle = double(pos) * double(freq);
+  float s, c;
+  __sincosf(float(fma(-kTwoPi, rint(angle * kInvTwoPi), angle)), &s, &c);
+  return make_float2(c, s);
+}
+
+// The rotary mean R(pos) m of `head` on E channels ch[e] of each lane (0 outside its pairs); the
+// whole warp calls this: lane i < rotary_pairs turns pair i, the others read it by shuffles.
+template <int E>
+__device__ inline void rotary_channels(const CodecLayout& l, int head, int pos, const int (&ch)[E],
+                                       float (&rot)[E]) {
+  const int lane = threadIdx.x & 31, half = l.head_dim / 2;
+  int a = -1;
+  float ra = 0.0f, rb = 0.0f;
+  if (lane < l.rotary_pairs) {
+    const int k = head * l.rotary_pairs + lane;
+    const float2 cs = rotary_turn(pos, l.rotary_freq[k]);
+    const float m0 = l.rotary_mean[2 * k], m1 = l.rotary_mean[2 * k + 1];
+    a = l.rotary_channel[k];
+    ra = m0 * cs.x - m1 * cs.y;
+    rb = m1 * cs.x + m0 * cs.y;
+  }
+#pragma unroll
+  for (int e = 0; e < E; ++e) rot[e] = 0.0f;
+  for (int i = 0; i < l.rotary_pairs; ++i) {
+    const int ai = __shfl_sync(0xffffffffu, a, i);
+    const float rai = __shfl_sync(0xffffffffu, ra, i), rbi = __shfl_sync(0xffffffffu, rb, i);
+#pragma unroll
+    for (int e = 0; e < E; ++e) rot[e] = ch[e] == ai ? rai : ch[e] == ai + half ? rbi : rot[e];
+  }
+}
+
 // The group holding permuted coordinate j.
 __device__ inline int group_index(const CodecLayout& l, int j) {
   return (l.num_groups == 2 && j >= l.group[1].start) ? 1 : 0;

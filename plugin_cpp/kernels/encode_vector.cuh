@@ -19,22 +19,25 @@ __device__ inline uint32_t gather_word(uint32_t bits, int lanes_per_word) {
   return bits;
 }
 
-// x: the vector's head_dim activations (head `head` of the codec's per-head tables); the whole
-// warp calls this with the same arguments.
+// x: the vector's head_dim activations (head `head` of the codec's per-head tables) at packed
+// position `pos`; the whole warp calls this with the same arguments.
 template <int D, typename T>
 __device__ inline void encode_vector(const CodecLayout& l, int head, const T* x, uint8_t* page,
-                                     int slot) {
+                                     int pos) {
   constexpr int E = D / 32;  // permuted coordinates per lane
   const int lane = threadIdx.x & 31;
-  // Steps 1-3: z = (x - mean) / scale, permuted, sign-flipped.
+  const int slot = pos % l.tokens;
+  // Steps 1-3: z = (x - rot(pos) - mean) / scale, permuted, sign-flipped.
+  int ch[E];
+  float rot[E] = {};
+#pragma unroll
+  for (int e = 0; e < E; ++e) ch[e] = channel_of(l, head, lane * E + e);
+  if (l.rotary_pairs) rotary_channels<E>(l, head, pos, ch, rot);
   float p[E];
 #pragma unroll
-  for (int e = 0; e < E; ++e) {
-    const int j = lane * E + e;
-    const int ch = channel_of(l, head, j);
-    p[e] = (to_float(x[ch]) - mean_of(l, head, ch)) / scale_of(l, head, ch) *
-           rotation_sign(l.seed, j);
-  }
+  for (int e = 0; e < E; ++e)
+    p[e] = (to_float(x[ch[e]]) - rot[e] - mean_of(l, head, ch[e])) / scale_of(l, head, ch[e]) *
+           rotation_sign(l.seed, lane * E + e);
   const int g = group_index(l, lane * E);
   const GroupLayout& gl = l.group[g];
   // Step 4.1-4.2: the group's norm.

@@ -1,6 +1,8 @@
 // layout.cpp: validation of tq_codec and the page offsets of FORMAT.md section 5.
 #include "layout.h"
 
+#include <cstdint>
+
 #include "errors.h"
 
 namespace tq {
@@ -54,6 +56,22 @@ tq_status make_layout(const tq_codec* codec, int tokens, const char* what, Codec
   l.perm = codec->perm;
   l.mean = codec->mean;
   l.scale = codec->scale;
+  const int pairs = codec->rotary_pairs;
+  if (pairs < 0 || pairs > TQ_MAX_ROTARY_PAIRS)
+    return fail(TQ_ERR_INVALID_ARGUMENT, "%s codec has %d rotary pairs; use 0 to %d", what, pairs,
+                TQ_MAX_ROTARY_PAIRS);
+  if (pairs) {
+    if (!codec->rotary_channel || !codec->rotary_freq || !codec->rotary_mean)
+      return fail(TQ_ERR_NULL_POINTER, "%s codec has %d rotary pairs but a NULL rotary_channel, "
+                  "rotary_freq or rotary_mean", what, pairs);
+    if ((reinterpret_cast<uintptr_t>(codec->rotary_channel) | reinterpret_cast<uintptr_t>(codec->rotary_freq) |
+         reinterpret_cast<uintptr_t>(codec->rotary_mean)) % 4)
+      return fail(TQ_ERR_MISALIGNED, "%s codec's rotary arrays must be 4-byte aligned", what);
+  }
+  l.rotary_pairs = pairs;
+  l.rotary_channel = codec->rotary_channel;
+  l.rotary_freq = codec->rotary_freq;
+  l.rotary_mean = codec->rotary_mean;
   *out = l;
   return TQ_OK;
 }

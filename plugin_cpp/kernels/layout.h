@@ -69,6 +69,10 @@ struct CodecLayout : PageShape {
   const int32_t* perm;  // device [H][D] or null
   const float* mean;
   const float* scale;
+  int rotary_pairs;             // tq_codec::rotary_* (FORMAT.md section 1.1)
+  const int32_t* rotary_channel;
+  const float* rotary_freq;
+  const float* rotary_mean;
 };
 
 // Checks `codec` (what: "key" or "value", for messages) and fills `out` for pages of `tokens`.

@@ -47,6 +47,13 @@ __device__ inline uint32_t pack_float2(float lo, float hi) {
   return pack_half2(__float2half_rn(lo), __float2half_rn(hi));
 }
 
+// (a, b) as fp16 pairs hi + lo, lo the rounding remainder: about 22 significant bits in two mma.
+__device__ inline void split_half2(float a, float b, uint32_t& hi, uint32_t& lo) {
+  const __half ah = __float2half_rn(a), bh = __float2half_rn(b);
+  hi = pack_half2(ah, bh);
+  lo = pack_float2(a - __half2float(ah), b - __half2float(bh));
+}
+
 __device__ inline void cp_async_16(void* smem, const void* gmem) {
   const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem));

@@ -33,21 +33,24 @@ constexpr int kPad = 8;                      // fp16 row padding: ldmatrix rows 
 static_assert(kWarpRows * kPrefillWarps == kPrefillRows && 2 * kPfTiles % kPrefillWarps == 0);
 
 struct PrefillSmem {
-  int q, kv, gains, tables, flags, stage, stage_bytes, total;
+  int q, kv, gains, tables, flags, rot, stage, stage_bytes, total;
 };
 
 // The query rows [kPrefillRows][D + kPad] fp16, the K and V tiles [kPfTokens][D + kPad] fp16 and
-// their gains [K or V][group][kPfTokens] fp32, the tables, the staged flags, and two steps of
-// packed tiles.
+// their gains [K or V][group][kPfTokens] fp32, the tables, the staged flags, with a rotary mean its
+// (Re z, -Im z) rows [kPrefillRows][kRotLd] and the step's cos | sin rows, hi and lo (the rounding
+// remainder), [2][kPfTokens][kRotLd] fp16, and two steps of packed tiles.
 template <int D>
-__host__ __device__ inline PrefillSmem prefill_smem(const PageShape& kt, const PageShape& vt) {
+__host__ __device__ inline PrefillSmem prefill_smem(const PageShape& kt, const PageShape& vt,
+                                                    bool rotary) {
   PrefillSmem p{};
   p.q = 0;
   p.kv = kPrefillRows * (D + kPad) * 2;
   p.gains = p.kv + 2 * kPfTokens * (D + kPad) * 2;
   p.tables = p.gains + 2 * TQ_MAX_GROUPS * kPfTokens * 4;
   p.flags = p.tables + 2 * TQ_MAX_GROUPS * int(sizeof(ByteTables));
-  p.stage = p.flags + 2 * 2 * kPfTiles * 4;
+  p.rot = p.flags + 2 * 2 * kPfTiles * 4;
+  p.stage = p.rot + (rotary ? (kPrefillRows + 2 * kPfTokens) * kRotLd * 2 : 0);
   p.stage_bytes = kPfTiles * (kt.page_bytes + vt.page_bytes);
   p.total = p.stage + 2 * p.stage_bytes;
   return p;
@@ -78,13 +81,16 @@ __global__ void __launch_bounds__(32 * kPrefillWarps, kPrefillCtasPerSm) prefill
   const int b = blockIdx.z / cta_tiles, row0 = blockIdx.z % cta_tiles * kPrefillRows;
   const PageShape& kt = a.tile[0];
   const PageShape& vt = a.tile[1];
-  const PrefillSmem plan = prefill_smem<D>(kt, vt);
+  const int rot_steps = (a.cache.codec[0].rotary_pairs + 7) / 8;  // extra mma k steps, 8 pairs each
+  const PrefillSmem plan = prefill_smem<D>(kt, vt, rot_steps > 0);
   __half* q_s = reinterpret_cast<__half*>(smem + plan.q);
   __half* k_s = reinterpret_cast<__half*>(smem + plan.kv);
   __half* v_s = k_s + kPfTokens * LD;
   float* gains = reinterpret_cast<float*>(smem + plan.gains);  // [kind][group][token]
   ByteTables* tables = reinterpret_cast<ByteTables*>(smem + plan.tables);
   int* staged_s = reinterpret_cast<int*>(smem + plan.flags);  // [step % 2][tile]: staged
+  __half* rot_q = reinterpret_cast<__half*>(smem + plan.rot);  // the rotary mean's rows
+  __half* rot_k = rot_q + kPrefillRows * kRotLd;  // hi, then lo at + kPfTokens * kRotLd
 
   const CtaKeys keys = cta_keys(a, b, split, row0, kPrefillRows);
   const int split_begin = keys.begin, split_end = keys.end;
@@ -97,6 +103,13 @@ __global__ void __launch_bounds__(32 * kPrefillWarps, kPrefillCtasPerSm) prefill
 #pragma unroll
     for (int e = 0; e < E; ++e) q_s[rr * LD + run_position(kt, lane * E + e)] = __float2half_rn(x[e]);
   }
+  if (rot_steps)  // the rotary mean's (Re z, -Im z) row of each query row (attention_common.cuh)
+    for (int idx = threadIdx.x; idx < kPrefillRows * TQ_MAX_ROTARY_PAIRS; idx += 32 * kPrefillWarps) {
+      const int rr = idx / TQ_MAX_ROTARY_PAIRS, i = idx % TQ_MAX_ROTARY_PAIRS;
+      const float2 z = rotary_z<D, T>(a, b, kvh, row0 + rr, i);
+      rot_q[rr * kRotLd + rot_col(i)] = __float2half_rn(z.x);
+      rot_q[rr * kRotLd + rot_col(i) + 8] = __float2half_rn(-z.y);
+    }
   fill_byte_tables(tables, a.cache);
   __syncthreads();  // the first decode reads the tables (the query rows wait for the loop's barrier)
 
@@ -171,6 +184,16 @@ __global__ void __launch_bounds__(32 * kPrefillWarps, kPrefillCtasPerSm) prefill
     cp_async_wait<1>();
     __syncwarp();  // the warp decodes the tiles it copied itself
     decode(i);
+    if (rot_steps) {  // the cos | sin row of each of the step's positions: the step's first
+      // position turned exactly, then by each token's small offset (a thread keeps its pair)
+      static_assert(32 * kPrefillWarps % TQ_MAX_ROTARY_PAIRS == 0);
+      const int p = threadIdx.x % TQ_MAX_ROTARY_PAIRS;
+      const float f = rotary_freq(a, kvh, p);
+      const float2 base = rotary_turn(split_begin + i * kPfTokens, f);
+      for (int t = threadIdx.x / TQ_MAX_ROTARY_PAIRS; t < kPfTokens; t += 32 * kPrefillWarps / TQ_MAX_ROTARY_PAIRS) {
+        store_turn_hi_lo(rot_k + t * kRotLd, rot_k + (kPfTokens + t) * kRotLd, p, turn_by(base, small_turn(t, f)));
+      }
+    }
     __syncthreads();  // every K and V row of the step is decoded (and, first, every query row)
     const int* staged = staged_s + (i % 2) * 2 * kPfTiles;
 #pragma unroll 1
@@ -208,6 +231,27 @@ __global__ void __launch_bounds__(32 * kPrefillWarps, kPrefillCtasPerSm) prefill
             for (int e = 0; e < 4; ++e)
               s[mt][t][e] = (g ? s[mt][t][e] : 0.0f) + sg[mt][t][e] * (e & 1 ? gn.y : gn.x);
         }
+      }
+      // The rotary mean's term: (Re z, -Im z) rows times the tokens' cos | sin rows (hi + lo: the
+      // rows' fp16 is the query's own precision), no gains.
+      for (int ks = 0; ks < rot_steps; ++ks) {
+        uint32_t qf[kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+          ldmatrix_x4(qf[mt], rot_q + (wrow0 + 16 * mt + 8 * (lm & 1) + lane % 8) * kRotLd + 16 * ks + 8 * (lm >> 1));
+#pragma unroll
+        for (int np = 0; np < kSub / 16; ++np)
+#pragma unroll
+          for (int part = 0; part < 2; ++part) {
+            uint32_t kb[4];
+            ldmatrix_x4(kb, rot_k + (part * kPfTokens + tok0 + 16 * np + 8 * (lm >> 1) + lane % 8) * kRotLd +
+                                16 * ks + 8 * (lm & 1));
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) {
+              mma_16816(s[mt][2 * np], qf[mt], kb[0], kb[1]);
+              mma_16816(s[mt][2 * np + 1], qf[mt], kb[2], kb[3]);
+            }
+          }
       }
       if (pos0 + kSub > full_end) {  // some token may be masked
 #pragma unroll
@@ -309,7 +353,7 @@ __global__ void __launch_bounds__(32 * kPrefillWarps, kPrefillCtasPerSm) prefill
 
 template <int D, typename T>
 tq_status launch_prefill_pass(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
-  const int bytes = prefill_smem<D>(a.tile[0], a.tile[1]).total;
+  const int bytes = prefill_smem<D>(a.tile[0], a.tile[1], a.cache.codec[0].rotary_pairs > 0).total;
   const bool k1 = a.cache.codec[0].num_groups == 1, v1 = a.cache.codec[1].num_groups == 1;
   auto kernel = k1 ? (v1 ? prefill_kernel<D, 1, 1, T> : prefill_kernel<D, 1, 2, T>)
                    : (v1 ? prefill_kernel<D, 2, 1, T> : prefill_kernel<D, 2, 2, T>);

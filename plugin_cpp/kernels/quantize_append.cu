@@ -27,10 +27,8 @@ __global__ void __launch_bounds__(32 * kVectorWarps) quantize_append_kernel(Appe
   const CodecLayout& l = a.cache.codec[kv];
   uint8_t* page = page_of(a.cache, seq, kv, pos / a.cache.tokens, head);
   if (!page) return;
-  const int slot = pos % a.cache.tokens;
-
   const T* x = static_cast<const T*>(a.src[kv]) + token * a.token_stride + int64_t(head) * D;
-  encode_vector<D, T>(l, head, x, page, slot);
+  encode_vector<D, T>(l, head, x, page, pos);
 }
 
 }  // namespace

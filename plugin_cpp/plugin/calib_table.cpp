@@ -12,7 +12,7 @@ namespace {
 
 constexpr char kMagic[4] = {'T', 'Q', 'C', 'T'};
 constexpr uint32_t kKnownFlags =
-    kKeyMean | kKeyScale | kKeyPerm | kValueMean | kValueScale | kValuePerm | kPageShift;
+    kKeyMean | kKeyScale | kKeyPerm | kValueMean | kValueScale | kValuePerm | kPageShift | kKeyRotary;
 
 // Header field offsets (docs/PLUGIN.md); little-endian, as on every CUDA host.
 enum HeaderOffset : size_t {
@@ -120,6 +120,26 @@ bool checkRows(CalibSide const& s, int32_t headDim, std::string const& what, std
   return true;
 }
 
+// Pairs (a, a + headDim/2) with distinct a in [0, headDim/2) per head, frequencies in (0, pi],
+// finite means.
+bool checkRotary(CalibTable const& t, std::string& error) {
+  for (int32_t h = 0; h < t.numKvHeads; ++h) {
+    std::vector<bool> seen(t.headDim / 2, false);
+    for (int32_t i = 0; i < t.rotaryPairs; ++i) {
+      size_t k = size_t(h) * t.rotaryPairs + i;
+      int32_t a = t.rotaryChannel[k];
+      if (a < 0 || a >= t.headDim / 2 || seen[a])
+        return error = "has rotary mean channels that are not distinct pairs of 0.." +
+                       std::to_string(t.headDim / 2 - 1), false;
+      seen[a] = true;
+      if (!(t.rotaryFreq[k] > 0.f && t.rotaryFreq[k] <= 3.14159265f) ||
+          !std::isfinite(t.rotaryMean[2 * k]) || !std::isfinite(t.rotaryMean[2 * k + 1]))
+        return error = "has a rotary mean frequency outside (0, pi] or a non-finite mean", false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 bool parseCalibTable(void const* data, size_t bytes, CalibTable& table, std::string& error) {
@@ -164,6 +184,15 @@ bool parseCalibTable(void const* data, size_t bytes, CalibTable& table, std::str
   for (ArrayRef const& a : kArrays)
     if (!a.flag || (flags & a.flag)) expected += elementCount(a, t) * 4;
   if (flags & kPageShift) expected += size_t(t.numQHeads) * 4;
+  if (flags & kKeyRotary) {  // its pair count leads its block, after everything above
+    if (bytes < kCalibTableHeaderBytes + expected + 4)
+      return error = "is too short for the rotary mean its flags announce", false;
+    t.rotaryPairs = load<int32_t>(p, kCalibTableHeaderBytes + expected);
+    if (t.rotaryPairs < 1 || t.rotaryPairs > TQ_MAX_ROTARY_PAIRS)
+      return error = "has " + std::to_string(t.rotaryPairs) + " rotary mean pairs; supported: 1 to " +
+                     std::to_string(TQ_MAX_ROTARY_PAIRS), false;
+    expected += 4 + size_t(t.numKvHeads) * t.rotaryPairs * 16;
+  }
   if (payload != expected || bytes != kCalibTableHeaderBytes + payload)
     return error = "holds " + std::to_string(bytes - kCalibTableHeaderBytes) +
                    " payload bytes where its header and shapes call for " + std::to_string(expected), false;
@@ -185,6 +214,18 @@ bool parseCalibTable(void const* data, size_t bytes, CalibTable& table, std::str
     for (float x : t.pageShift)
       if (!(std::fabs(x) <= kMaxPageShift))
         return error = "has a page shift that is not finite or lies beyond +-" + std::to_string(kMaxPageShift), false;
+    at += t.pageShift.size() * 4;
+  }
+  if (flags & kKeyRotary) {  // int32 P, int32 channel [H][P], float freq [H][P], float mean [H][P][2]
+    size_t n = size_t(t.numKvHeads) * t.rotaryPairs;
+    at += 4;
+    t.rotaryChannel.resize(n);
+    t.rotaryFreq.resize(n);
+    t.rotaryMean.resize(2 * n);
+    std::memcpy(t.rotaryChannel.data(), p + at, n * 4);
+    std::memcpy(t.rotaryFreq.data(), p + at + n * 4, n * 4);
+    std::memcpy(t.rotaryMean.data(), p + at + n * 8, n * 8);
+    if (!checkRotary(t, error)) return false;
   }
   for (bool isKey : {true, false}) {
     std::string what = isKey ? "key" : "value";
@@ -211,6 +252,8 @@ std::vector<uint8_t> serializeCalibTable(CalibTable const& t) {
   }
   if (!t.pageShift.empty()) flags |= kPageShift;
   payload += t.pageShift.size() * 4;
+  if (t.rotaryPairs) flags |= kKeyRotary;
+  if (t.rotaryPairs) payload += 4 + t.rotaryChannel.size() * 4 + t.rotaryFreq.size() * 4 + t.rotaryMean.size() * 4;
   std::vector<uint8_t> out(kCalibTableHeaderBytes + payload, 0);
   std::memcpy(out.data() + kOffMagic, kMagic, 4);
   store<uint32_t>(out, kOffTableVersion, kCalibTableVersion);
@@ -233,6 +276,16 @@ std::vector<uint8_t> serializeCalibTable(CalibTable const& t) {
     at += n * 4;
   }
   if (!t.pageShift.empty()) std::memcpy(out.data() + at, t.pageShift.data(), t.pageShift.size() * 4);
+  at += t.pageShift.size() * 4;
+  if (t.rotaryPairs) {
+    store<int32_t>(out, at, t.rotaryPairs);
+    at += 4;
+    for (auto const* v : {static_cast<void const*>(t.rotaryChannel.data()), static_cast<void const*>(t.rotaryFreq.data())}) {
+      std::memcpy(out.data() + at, v, t.rotaryFreq.size() * 4);
+      at += t.rotaryFreq.size() * 4;
+    }
+    std::memcpy(out.data() + at, t.rotaryMean.data(), t.rotaryMean.size() * 4);
+  }
   store<uint32_t>(out, kOffChecksum, fnv1a(out.data() + kCalibTableHeaderBytes, payload));
   return out;
 }

@@ -10,7 +10,7 @@
 
 namespace tq::plugin {
 
-constexpr uint32_t kCalibTableVersion = 2;  // 2: query heads and the page shift
+constexpr uint32_t kCalibTableVersion = 3;  // 2: query heads and the page shift; 3: the rotary mean
 constexpr size_t kCalibTableHeaderBytes = 64;
 
 enum CalibTableFlags : uint32_t {
@@ -21,6 +21,7 @@ enum CalibTableFlags : uint32_t {
   kValueScale = 1u << 4,
   kValuePerm = 1u << 5,
   kPageShift = 1u << 6,
+  kKeyRotary = 1u << 7,
 };
 // The largest page shift a table may hold (tq_trtllm's MAX_PAGE_LSE_SHIFT): more means damage.
 constexpr float kMaxPageShift = 4.0f;
@@ -44,6 +45,11 @@ struct CalibTable {
   CalibSide key;
   CalibSide value;
   std::vector<float> pageShift;  // [numQHeads] (tq_paged_cache::page_lse_shift), or empty
+  // The keys' rotary mean (tq_codec::rotary_*), or rotaryPairs 0 and empty arrays.
+  int32_t rotaryPairs = 0;
+  std::vector<int32_t> rotaryChannel;  // [numKvHeads][rotaryPairs]
+  std::vector<float> rotaryFreq;       // [numKvHeads][rotaryPairs]
+  std::vector<float> rotaryMean;       // [numKvHeads][rotaryPairs][2]
 };
 
 // Parses and checks the table on its own terms (magic, versions, sizes, checksum, values).

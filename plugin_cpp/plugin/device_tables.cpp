@@ -53,8 +53,12 @@ bool DeviceTables::ensureUploaded(PluginConfig const& config, std::string& error
   if (mUploaded) return true;
   if (!uploadSide(config.table.key, config.keyWidthX2, config, mKey, error) ||
       !uploadSide(config.table.value, config.valueWidthX2, config, mValue, error) ||
-      !upload(config.table.pageShift, mPageShift, error))
+      !upload(config.table.pageShift, mPageShift, error) ||
+      !upload(config.table.rotaryChannel, mKey.rotary_channel, error) ||
+      !upload(config.table.rotaryFreq, mKey.rotary_freq, error) ||
+      !upload(config.table.rotaryMean, mKey.rotary_mean, error))
     return false;
+  mKey.rotary_pairs = config.table.rotaryPairs;
   mUploaded = true;
   return true;
 }

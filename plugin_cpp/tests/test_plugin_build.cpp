@@ -190,6 +190,14 @@ void testCalibTableRoundTrip() {
   for (int32_t h = 0; h < kHkv; ++h)
     for (int32_t j = 0; j < kD; ++j) t.key.perm.push_back(kD - 1 - j);
   for (int32_t h = 0; h < kHq; ++h) t.pageShift.push_back(0.1f * h);
+  t.rotaryPairs = 3;
+  for (int32_t h = 0; h < kHkv; ++h)
+    for (int32_t i = 0; i < 3; ++i) {
+      t.rotaryChannel.push_back(5 * i + h);
+      t.rotaryFreq.push_back(0.5f / (i + 1));
+      t.rotaryMean.push_back(float(h - i));
+      t.rotaryMean.push_back(0.25f * i);
+    }
   std::vector<uint8_t> bytes = serializeCalibTable(t);
   CalibTable back;
   std::string error;
@@ -198,7 +206,17 @@ void testCalibTableRoundTrip() {
   CHECK(back.key.codebooks == t.key.codebooks && back.value.codebooks == t.value.codebooks);
   CHECK(back.value.perm.empty() && back.value.mean.empty());
   CHECK(back.numQHeads == kHq && back.pageShift == t.pageShift);
+  CHECK(back.rotaryPairs == 3 && back.rotaryChannel == t.rotaryChannel && back.rotaryFreq == t.rotaryFreq &&
+        back.rotaryMean == t.rotaryMean);
   CHECK(serializeCalibTable(back) == bytes);
+  CalibTable bad = t;  // a channel named twice, a frequency beyond pi: refused with a reason
+  bad.rotaryChannel[1] = bad.rotaryChannel[0];
+  bytes = serializeCalibTable(bad);
+  CHECK(!parseCalibTable(bytes.data(), bytes.size(), back, error) && error.find("rotary") != std::string::npos);
+  bad = t;
+  bad.rotaryFreq[2] = 4.f;
+  bytes = serializeCalibTable(bad);
+  CHECK(!parseCalibTable(bytes.data(), bytes.size(), back, error) && error.find("rotary") != std::string::npos);
   t.pageShift.clear();  // absent: no flag, no bytes
   bytes = serializeCalibTable(t);
   CHECK(parseCalibTable(bytes.data(), bytes.size(), back, error) && back.pageShift.empty());
@@ -500,6 +518,8 @@ int describeTable(char const* path) {
                 side->codebooks.size(), sum(side->codebooks), side->mean.size(), sum(side->mean), side->scale.size(),
                 sum(side->scale), side->perm.size(), sum(side->perm));
   std::printf("page_shift=%zu:%.9g\n", t.pageShift.size(), sum(t.pageShift));
+  std::printf("rotary=%d channel=%.0f freq=%.9g mean=%.9g\n", t.rotaryPairs, sum(t.rotaryChannel),
+              sum(t.rotaryFreq), sum(t.rotaryMean));
   return 0;
 }
 

@@ -6,13 +6,26 @@ import torch
 
 from tq_trtllm.core.paged import PagedLayerCache
 from tq_trtllm.core.quantizer import VectorCodec
+from tq_trtllm.core.rotary_mean import MAX_ROTARY_PAIRS, RotaryMean
 from tq_trtllm.core.spec import CodecSpec
 from tq_trtllm.kernels import KernelCache
 
 
+def make_rotary(head_dim: int, heads: int, gen: torch.Generator) -> RotaryMean:
+    """A rotary mean over random rotate-half pairs at RoPE frequencies (base 10,000): all 16 pairs
+    at head_dim 128 (two mma k steps), 5 at 64 (one, partly empty); float32-exact values."""
+    pairs = MAX_ROTARY_PAIRS if head_dim == 128 else 5
+    half = head_dim // 2
+    a = torch.stack([torch.randperm(half, generator=gen)[:pairs] for _ in range(heads)])
+    freq = (10000.0 ** (-2.0 * a.double() / head_dim)).float().double()
+    mean = torch.randn(heads, pairs, 2, generator=gen).double()
+    return RotaryMean(torch.stack([a, a + half], dim=-1), freq, mean)
+
+
 def make_codec(head_dim: int, width: float, heads: int, gen: torch.Generator, seed: int,
-               tables: bool) -> VectorCodec:
-    """A codec; with tables, a per-head mean, a positive scale and (fractional widths) outliers."""
+               tables: bool, rotary: bool = False) -> VectorCodec:
+    """A codec; with tables, a per-head mean, a positive scale and (fractional widths) outliers;
+    with rotary, a rotary mean (keys)."""
     spec = CodecSpec(head_dim, width)
     if not tables:
         return VectorCodec(spec, seed=seed)
@@ -22,14 +35,16 @@ def make_codec(head_dim: int, width: float, heads: int, gen: torch.Generator, se
     if spec.num_outliers:
         outliers = torch.stack([torch.randperm(head_dim, generator=gen)[:spec.num_outliers]
                                 for _ in range(heads)])
-    return VectorCodec(spec, seed=seed, mean=mean, scale=scale, outliers=outliers)
+    return VectorCodec(spec, seed=seed, mean=mean, scale=scale, outliers=outliers,
+                       rotary=make_rotary(head_dim, heads, gen) if rotary else None)
 
 
 def make_cache(head_dim: int, k_width: float, v_width: float, heads: int, tokens_per_block: int,
                lengths: list[int], gen: torch.Generator, tables: bool = False,
                spare_blocks: int = 1):
-    """A GPU cache whose block table gives each sequence shuffled chunks for its lengths."""
-    key = make_codec(head_dim, k_width, heads, gen, seed=1234, tables=tables)
+    """A GPU cache whose block table gives each sequence shuffled chunks for its lengths; with
+    tables, the keys' codec has a rotary mean too."""
+    key = make_codec(head_dim, k_width, heads, gen, seed=1234, tables=tables, rotary=tables)
     value = make_codec(head_dim, v_width, heads, gen, seed=99, tables=tables)
     blocks = [(n + tokens_per_block - 1) // tokens_per_block + spare_blocks for n in lengths]
     max_blocks = max(blocks)

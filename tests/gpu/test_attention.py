@@ -94,11 +94,12 @@ def test_decode_attention_length_one_and_block_edges(gen):
     check_against_reference(cache, table, q, out, lengths, 128**-0.5)
 
 
-@pytest.mark.parametrize("q_len", [1, 4])
-def test_decode_attention_longest_context(q_len, gen):
-    """Batch 1 at 131,072 tokens, Llama-3-8B's attention shape, 3-bit keys and values."""
+@pytest.mark.parametrize("q_len,tables", [(1, False), (4, False), (1, True)])
+def test_decode_attention_longest_context(q_len, tables, gen):
+    """Batch 1 at 131,072 tokens, Llama-3-8B's attention shape, 3-bit keys and values; with
+    tables, a rotary mean turned through 131,072 positions."""
     n = 131072
-    cache, table, kc = make_cache(128, 3, 3, 8, 64, [n], gen, spare_blocks=0)
+    cache, table, kc = make_cache(128, 3, 3, 8, 64, [n], gen, tables, spare_blocks=0)
     fill(kc, [n], 8, 128, gen)
     q = torch.randn(1, q_len, 32, 128, generator=gen).half().cuda()
     own = new_rows(1, q_len, 8, 128, torch.float16, gen)

@@ -95,9 +95,10 @@ def run_case(work: Path, case: dict) -> None:
     gen = torch.Generator().manual_seed(2026)
     d, hq, hkv, T = case["head_dim"], case["hq"], case["hkv"], case["T"]
     dtype = DTYPES[case["dtype"]]
-    key = make_codec(d, case["kw"], hkv, gen, seed=77, tables=case["tables"])
+    key = make_codec(d, case["kw"], hkv, gen, seed=77, tables=case["tables"], rotary=case["tables"])
     value = make_codec(d, case["vw"], hkv, gen, seed=77, tables=case["tables"])
-    # calibrated cases carry a page shift too (the kernels lower the cached positions by it)
+    # calibrated cases carry a page shift and a key rotary mean too (the kernels lower the cached
+    # positions by the one and restore the other at each position)
     shift = torch.rand(hq, generator=gen) + 0.5 if case["tables"] else None
     fields = plugin_fields(key, value, num_q_heads=hq, kv_heads=hkv, layer_idx=LAYER, tokens_per_block=T,
                            fingerprint=0xFEEDC0DE12345678, page_lse_shift=shift, **case["rope"])
@@ -167,7 +168,7 @@ def run_case(work: Path, case: dict) -> None:
         return out
 
     for seq, rows in history.items():
-        k_ref = key.encode(torch.stack([k for k, _ in rows]))
+        k_ref = key.encode(torch.stack([k for k, _ in rows]), torch.arange(len(rows)))
         v_ref = value.encode(torch.stack([v for _, v in rows]))
         for ref, got in zip((k_ref, v_ref), stored(seq, len(rows))):
             same = sum(int((a == b).sum()) for a, b in zip(ref.codes, got.codes))
@@ -185,8 +186,8 @@ def run_case(work: Path, case: dict) -> None:
         row = 0
         for seq, kv_len, q, own in q_rot:
             k_enc, v_enc = stored(seq, kv_len)
-            ref = reference_attention(q.float(), key.decode(k_enc), value.decode(v_enc), 1 / math.sqrt(d), own,
-                                      shift)
+            ref = reference_attention(q.float(), key.decode(k_enc, positions=torch.arange(kv_len)),
+                                      value.decode(v_enc), 1 / math.sqrt(d), own, shift)
             got = out[row: row + q.shape[0]]
             assert torch.isfinite(got).all(), f"step {i}, sequence {seq}: non-finite output"
             err = float((got - ref).abs().max())

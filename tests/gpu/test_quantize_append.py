@@ -14,9 +14,9 @@ WIDTHS = (1, 1.5, 2, 2.5, 3, 3.5, 4)
 BOUNDARY_EPS = 1e-5
 
 
-def rotated_coordinates(codec, x):
+def rotated_coordinates(codec, x, positions):
     """The reference's y (FORMAT.md step 4.3) per group, float64."""
-    p = codec._to_permuted(x)
+    p = codec._to_permuted(x, positions)
     out = []
     for g in codec.spec.groups:
         part = p[..., g.start:g.start + g.dim]
@@ -60,7 +60,7 @@ def test_quantize_append_matches_reference(width, head_dim, dtype, gen):
         same = torch.stack([(cg == cw).all(dim=-1) for cg, cw in zip(got.codes, want.codes)], dim=-1)
         ulps = (got.norms.view(torch.int16).int() - want.norms.view(torch.int16).int()).abs()
         assert ulps[same].max().item() <= 1, f"gains differ by {ulps[same].max().item()} fp16 ulps"
-        ys = rotated_coordinates(codec, x[order])
+        ys = rotated_coordinates(codec, x[order], pos[order].long())
         for g, (cg, cw, y) in enumerate(zip(got.codes, want.codes, ys)):
             bad = cg != cw
             frac = bad.float().mean().item()

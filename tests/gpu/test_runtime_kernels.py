@@ -8,9 +8,11 @@ pytest.importorskip("transformers")
 
 from hf_fixtures import tiny_model  # noqa: E402
 from tq_trtllm.calibration.table import oblivious_table  # noqa: E402
+from tq_trtllm.core.rotary_mean import select_pairs  # noqa: E402
 from tq_trtllm.integrations.attention import use_turboquant_attention  # noqa: E402
 from tq_trtllm.integrations.cache import TurboQuantCache  # noqa: E402
 from tq_trtllm.models.fingerprint import fingerprint  # noqa: E402
+from tq_trtllm.models.registry import rotary_frequencies  # noqa: E402
 
 # a prefill whose first rows see sinks only, decode steps (decode kernel), a chunk of 3 (decode
 # kernel, q_len 3) and one of 12 (prefill kernel) over the history
@@ -27,13 +29,18 @@ def model(request):
     return m
 
 
-def run(model, ids, backend, bits, sinks, recent=1, shifted=False):
+def run(model, ids, backend, bits, sinks, recent=1, shifted=False, rotary=False):
     table = oblivious_table(fingerprint("llama", model.config), bits, bits)
     table.sink_tokens = sinks
     table.recent_tokens = recent
     if shifted:  # the kernels take the pages' shift through the kernel cache, the reference in Python
         for i, layer in enumerate(table.layers):
             layer.page_lse_shift = torch.linspace(0.2, 1.0, model.config.num_attention_heads) + i
+    if rotary:  # a rotary key mean on the model's own RoPE frequencies
+        gen = torch.Generator().manual_seed(5)
+        for layer in table.layers:
+            pre = 2.0 * torch.randn(table.kv_heads, table.head_dim, generator=gen, dtype=torch.float64)
+            layer.key_rotary = select_pairs(pre, rotary_frequencies(model), 16, offset=sinks)
     cache = TurboQuantCache(table, backend=backend)
     outs = []
     with torch.inference_mode():
@@ -42,14 +49,14 @@ def run(model, ids, backend, bits, sinks, recent=1, shifted=False):
     return torch.cat(outs, dim=1).float(), cache
 
 
-@pytest.mark.parametrize("bits,sinks,recent,shifted", [
-    (3, 0, 1, False), (3, 2, 1, False), (4, 1, 1, False), (2.5, 1, 1, False), (3, 1, 4, False),
-    (3, 0, 16, False), (3, 1, 4, True)])
-def test_kernel_backend_matches_the_reference_backend(model, bits, sinks, recent, shifted):
+@pytest.mark.parametrize("bits,sinks,recent,shifted,rotary", [
+    (3, 0, 1, False, False), (3, 2, 1, False, False), (4, 1, 1, False, False), (2.5, 1, 1, False, False),
+    (3, 1, 4, False, False), (3, 0, 16, False, False), (3, 1, 4, True, False), (3, 2, 4, True, True)])
+def test_kernel_backend_matches_the_reference_backend(model, bits, sinks, recent, shifted, rotary):
     gen = torch.Generator().manual_seed(int(10 * bits) + sinks)
     ids = torch.randint(4, 60, (2, 37), generator=gen).cuda()
-    got, kc = run(model, ids, "kernels", bits, sinks, recent, shifted)
-    want, rc = run(model, ids, "reference", bits, sinks, recent, shifted)
+    got, kc = run(model, ids, "kernels", bits, sinks, recent, shifted, rotary)
+    want, rc = run(model, ids, "reference", bits, sinks, recent, shifted, rotary)
     assert kc.layers[0].uses_kernels and not rc.layers[0].uses_kernels
     assert torch.isfinite(got).all()
     # the same cache contents (codes equal but on decision boundaries, gains within an fp16 ulp)

@@ -9,10 +9,11 @@ import torch
 from tqdm import tqdm
 
 from ..core.errors import TQError
+from ..core.rotary_mean import RotaryMean, pre_rope, select_pairs
 from ..core.spec import CodecSpec, parse_kv_bits
 from ..models.checkpoint import LoadedModel
 from ..models.fingerprint import fingerprint, head_dim_of
-from ..models.registry import output_projections
+from ..models.registry import output_projections, rotary_frequencies
 from .allocate import CANDIDATE_WIDTHS, allocate_widths
 from .capture import run_observed, token_windows
 from .page_mass import measure_page_shifts
@@ -46,10 +47,15 @@ class CalibrationOptions:
     # subtract the measured log-mass inflation of the packed keys from the pages' log-sum-exp
     # (page_mass.py)
     page_shift: bool = True
+    # channel pairs per KV head whose pre-RoPE key mean is subtracted as it turns (rotary_mean.py):
+    # on SmolLM2-135M, 16 pairs take the keys' centred energy down by 41% at the calibration
+    # positions and by 79% at positions 6,000-8,000 (docs/QUALITY.md, session 8); 0: none
+    rotary_pairs: int = 16
     seed: int = 0
 
 
-def collect_stats(model, windows: torch.Tensor, skip: int, progress: bool = False) -> list[ChannelStats]:
+def collect_stats(model, windows: torch.Tensor, skip: int, progress: bool = False,
+                  rotary: list[RotaryMean] | None = None) -> list[ChannelStats]:
     cfg = model.config
     heads = cfg.num_key_value_heads
     head_dim = head_dim_of(cfg)
@@ -57,19 +63,37 @@ def collect_stats(model, windows: torch.Tensor, skip: int, progress: bool = Fals
              for w in output_projections(model)]
 
     def add(layer, query, key, value):
-        stats[layer].add(query, key, value, skip)
+        stats[layer].add(query, key, value, skip, None if rotary is None else rotary[layer])
 
     for row in tqdm(windows, desc="calibration statistics", disable=not progress):
         run_observed(model, row[None], add)
     return stats
 
 
+def rotary_means(model, windows: torch.Tensor, skip: int, pairs: int,
+                 progress: bool = False) -> list[RotaryMean]:
+    """Per layer, the rotary mean of the `pairs` pairs with the most pre-RoPE key mean energy,
+    measured over the windows (positions from `skip` on) and stated at packed position 0."""
+    inv_freq = rotary_frequencies(model)
+    sums: dict[int, torch.Tensor] = {}
+
+    def add(layer, query, key, value):
+        positions = torch.arange(key.shape[2], device=key.device)
+        pre = pre_rope(key.detach()[:, :, skip:], positions[skip:], inv_freq)
+        sums[layer] = sums.get(layer, 0) + pre.sum(dim=(0, 2))
+
+    for row in tqdm(windows, desc="rotary key means", disable=not progress):
+        run_observed(model, row[None], add)
+    tokens = windows.shape[0] * (windows.shape[1] - skip)
+    return [select_pairs(sums[i].cpu() / tokens, inv_freq, pairs, skip) for i in range(len(sums))]
+
+
 def _layer_table(stats: ChannelStats, head_dim: int, key_width: float, value_width: float,
-                 seed: int, opts: CalibrationOptions) -> LayerTable:
+                 seed: int, opts: CalibrationOptions, rotary: RotaryMean | None) -> LayerTable:
     n_k = CodecSpec(head_dim, key_width).num_outliers
     n_v = CodecSpec(head_dim, value_width).num_outliers
     f32 = torch.float32
-    return LayerTable(
+    layer = LayerTable(
         key_width, value_width, seed,
         key_mean=stats.key_mean.to(f32) if opts.key_mean else None,
         key_scale=stats.key_scale(opts.key_mean).to(f32) if opts.key_scale else None,
@@ -78,6 +102,8 @@ def _layer_table(stats: ChannelStats, head_dim: int, key_width: float, value_wid
         value_scale=stats.value_scale(opts.value_mean).to(f32) if opts.value_scale else None,
         value_outliers=stats.value_outliers(n_v, opts.value_mean, opts.value_scale) if n_v else None,
     )
+    layer.key_rotary = rotary
+    return layer
 
 
 def calibrate(loaded: LoadedModel, text: str, kv_bits: str, opts: CalibrationOptions,
@@ -93,11 +119,15 @@ def calibrate(loaded: LoadedModel, text: str, kv_bits: str, opts: CalibrationOpt
     if windows.shape[0] < needed:
         raise TQError(f"the calibration text has too few tokens: at least {needed * opts.window} are "
                       "needed; give a longer --calib-text")
-    stats = collect_stats(loaded.model, windows[: opts.windows], opts.sink_tokens, progress)
+    rotary = [None] * n_layers
+    if opts.rotary_pairs:
+        rotary = rotary_means(loaded.model, windows[: opts.windows], opts.sink_tokens,
+                              opts.rotary_pairs, progress)
+    stats = collect_stats(loaded.model, windows[: opts.windows], opts.sink_tokens, progress, rotary)
 
     def build(widths: dict) -> KVTable:
-        layers = [_layer_table(stats[i], head_dim, widths[(i, 0)], widths[(i, 1)], opts.seed + i, opts)
-                  for i in range(n_layers)]
+        layers = [_layer_table(stats[i], head_dim, widths[(i, 0)], widths[(i, 1)], opts.seed + i, opts,
+                               rotary[i]) for i in range(n_layers)]
         if opts.page_shift:  # measured once the widths are known; its bytes count from the start
             for layer in layers:
                 layer.page_lse_shift = torch.zeros(fp["heads"])
@@ -114,7 +144,7 @@ def calibrate(loaded: LoadedModel, text: str, kv_bits: str, opts: CalibrationOpt
         if opts.retrieval_windows:
             fisher = torch.cat([fisher, retrieval_windows(loaded.tokenizer, text, opts.window,
                                                           opts.retrieval_windows, opts.seed)])
-        costs = measure_costs(loaded.model, fisher, stats, head_dim, opts, progress)
+        costs = measure_costs(loaded.model, fisher, stats, rotary, head_dim, opts, progress)
         widths = allocate_widths(costs, key_w, lambda w: CodecSpec(head_dim, w).bytes_per_token,
                                  lambda w: build(w).effective_bits(REFERENCE_CONTEXT))
         table = build(widths)
@@ -128,8 +158,8 @@ def calibrate(loaded: LoadedModel, text: str, kv_bits: str, opts: CalibrationOpt
     return table
 
 
-def measure_costs(model, windows: torch.Tensor, stats: list[ChannelStats], head_dim: int,
-                  opts: CalibrationOptions, progress: bool) -> dict:
+def measure_costs(model, windows: torch.Tensor, stats: list[ChannelStats], rotary: list,
+                  head_dim: int, opts: CalibrationOptions, progress: bool) -> dict:
     """Fisher cost of every (layer, K/V, candidate width), summed over the windows."""
     costs: dict = {}
     bar = tqdm(total=windows.shape[0] * len(stats), desc="layer sensitivity", disable=not progress)
@@ -139,7 +169,7 @@ def measure_costs(model, windows: torch.Tensor, stats: list[ChannelStats], head_
         for layer, (k, v, grads_k, grads_v) in captured.items():
             for width in CANDIDATE_WIDTHS:
                 codecs = _layer_table(stats[layer], head_dim, width, width, opts.seed + layer,
-                                      opts).codecs(head_dim)
+                                      opts, rotary[layer]).codecs(head_dim)
                 for kind, (x, grads) in enumerate(((k, grads_k), (v, grads_v))):
                     slot = costs.setdefault((layer, kind), {})
                     slot[width] = slot.get(width, 0.0) + fisher_cost(x, grads, codecs[kind],

@@ -42,7 +42,8 @@ def measure_page_shifts(model, windows: torch.Tensor, table: KVTable,
     def add(layer, query, key, value):
         codec, _ = table.codecs(layer)
         key = key[0].detach()  # [Hkv, T, d]
-        k_hat = codec.roundtrip(key.double().transpose(0, 1)).transpose(0, 1)
+        packed = torch.arange(key.shape[1], device=key.device) - table.sink_tokens
+        k_hat = codec.roundtrip(key.double().transpose(0, 1), packed).transpose(0, 1)
         shift = lse_inflation(query[0].detach(), key, k_hat, scale, table.sink_tokens,
                               table.recent_tokens)
         totals[layer] = totals.get(layer, 0) + shift / windows.shape[0]

@@ -56,8 +56,9 @@ def fisher_gradients(model, windows: torch.Tensor, samples: int, seed: int, rece
 
 def fisher_cost(x: torch.Tensor, grads: list[torch.Tensor], codec, exact_tokens: int) -> float:
     """1/2 E_y[sum over vectors of (g_y . delta)^2], delta = the codec's roundtrip error of
-    x [B, H, T, d], summed over the batch."""
-    delta = codec.roundtrip(x.double().transpose(1, 2)).transpose(1, 2) - x.double()
+    x [B, H, T, d], summed over the batch; position t is packed position t - exact_tokens."""
+    packed = torch.arange(x.shape[2], device=x.device) - exact_tokens
+    delta = codec.roundtrip(x.double().transpose(1, 2), packed).transpose(1, 2) - x.double()
     delta[:, :, :exact_tokens] = 0.0
     per_sample = [((g.double() * delta).sum(dim=-1) ** 2).sum() for g in grads]
     return 0.5 * torch.stack(per_sample).mean().item()

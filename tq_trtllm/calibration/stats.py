@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.rotary_mean import RotaryMean
+
 SCALE_FLOOR = 1e-6
 
 
@@ -44,9 +46,14 @@ class ChannelStats:
         z = lambda: torch.zeros(kv_heads, head_dim, dtype=torch.float64)  # noqa: E731
         return cls(z(), z(), z(), z(), z(), value_weight=value_weight)
 
-    def add(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, skip: int) -> None:
+    def add(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, skip: int,
+            rotary: RotaryMean | None = None) -> None:
         """query [B, Hq, T, d], key/value [B, Hkv, T, d]; the first `skip` positions are left out
-        (attention sinks, kept exact, would dominate the means)."""
+        (attention sinks, kept exact, would dominate the means). With `rotary`, the statistics are
+        those of the keys less their rotary mean (what the codec quantizes)."""
+        if rotary is not None:
+            packed = torch.arange(key.shape[2], device=key.device) - skip
+            key = key.to(torch.float64) - rotary.vectors(packed, key.shape[-1]).transpose(0, 1)
         q, k, v = (x[:, :, skip:].detach().to(torch.float64) for x in (query, key, value))
         hkv = k.shape[1]
         q = q.reshape(q.shape[0], hkv, -1, *q.shape[2:])  # [B, Hkv, group, T, d]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..core.quantizer import VectorCodec
+from ..core.rotary_mean import RotaryMean
 from ..core.spec import CodecSpec
 
 TABLE_VERSION = 1
@@ -23,7 +24,9 @@ class LayerTable:
     """One layer's codecs. Tensors are per KV head: mean/scale [kv_heads, head_dim] float32,
     outliers [kv_heads, n_hi] int64 (fractional widths only). None means the format's default.
     page_lse_shift [heads] float32, per query head: what the runtime subtracts from the pages'
-    log-sum-exp (calibration/page_mass.py); None: nothing."""
+    log-sum-exp (calibration/page_mass.py); None: nothing. key_rotary_*: the keys' RotaryMean
+    (channels int64 [kv_heads, P, 2], freq float32 [kv_heads, P], mean float32 [kv_heads, P, 2]),
+    all three or none."""
 
     key_width: float
     value_width: float
@@ -35,13 +38,30 @@ class LayerTable:
     value_scale: torch.Tensor | None = None
     value_outliers: torch.Tensor | None = None
     page_lse_shift: torch.Tensor | None = None
+    key_rotary_channels: torch.Tensor | None = None
+    key_rotary_freq: torch.Tensor | None = None
+    key_rotary_mean: torch.Tensor | None = None
 
     TENSORS = ("key_mean", "key_scale", "key_outliers", "value_mean", "value_scale", "value_outliers",
-               "page_lse_shift")
+               "page_lse_shift", "key_rotary_channels", "key_rotary_freq", "key_rotary_mean")
+    ROTARY = ("key_rotary_channels", "key_rotary_freq", "key_rotary_mean")
+
+    @property
+    def key_rotary(self) -> RotaryMean | None:
+        if self.key_rotary_freq is None:
+            return None
+        return RotaryMean(self.key_rotary_channels, self.key_rotary_freq, self.key_rotary_mean)
+
+    @key_rotary.setter
+    def key_rotary(self, rotary: RotaryMean | None) -> None:
+        parts = (None,) * 3 if rotary is None else (
+            rotary.channels.long(), rotary.freq.float(), rotary.mean.float())
+        for name, t in zip(self.ROTARY, parts):
+            setattr(self, name, t)
 
     def codecs(self, head_dim: int) -> tuple[VectorCodec, VectorCodec]:
         key = VectorCodec(CodecSpec(head_dim, self.key_width), seed=self.seed, mean=self.key_mean,
-                          scale=self.key_scale, outliers=self.key_outliers)
+                          scale=self.key_scale, outliers=self.key_outliers, rotary=self.key_rotary)
         value = VectorCodec(CodecSpec(head_dim, self.value_width), seed=self.seed,
                             mean=self.value_mean, scale=self.value_scale, outliers=self.value_outliers)
         return key, value
@@ -74,14 +94,16 @@ class KVTable:
         return (sum(t.key_width for t in self.layers) / n, sum(t.value_width for t in self.layers) / n)
 
     def side_bytes(self) -> int:
-        """Bytes stored beside the pages: means, scales and shifts at fp32, outlier channel indices
-        at one byte each (head_dim <= 256); counted once per sequence, as a conservative bound."""
+        """Bytes stored beside the pages: means, scales, shifts and rotary frequencies at fp32,
+        outlier and rotary channel indices at one byte each (head_dim <= 256); counted once per
+        sequence, as a conservative bound."""
         total = 0
         for layer in self.layers:
             for name in LayerTable.TENSORS:
                 t = getattr(layer, name)
                 if t is not None:
-                    total += t.numel() * (OUTLIER_INDEX_BYTES if name.endswith("outliers") else 4)
+                    total += t.numel() * (OUTLIER_INDEX_BYTES if name.endswith(("outliers", "channels"))
+                                          else 4)
         return total
 
     def layer_cache_bytes(self, layer: int, tokens: int) -> int:

@@ -8,6 +8,7 @@ against the model and refuses a table that does not match, naming each field tha
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -99,6 +100,7 @@ def _from_header(header: dict, tensors: dict) -> KVTable:
             if t is not None:
                 _check_tensor(layer, name, t, heads, kv_heads, head_dim, i)
             setattr(layer, name, t)
+        _check_rotary(layer, head_dim, i)
         layers.append(layer)
     if tensors:
         raise TQError(f"unexpected tensors {sorted(tensors)[:4]}")
@@ -112,9 +114,39 @@ def _from_header(header: dict, tensors: dict) -> KVTable:
                    recent)
 
 
+def _check_rotary(layer: LayerTable, head_dim: int, index: int) -> None:
+    """The three rotary tensors come together, name rotate-half pairs (a, a + head_dim / 2) of
+    distinct channels, and hold finite means and frequencies in (0, pi]."""
+    present = [getattr(layer, name) is not None for name in LayerTable.ROTARY]
+    if not any(present):
+        return
+    where = f"layer {index} key rotary mean"
+    if not all(present):
+        raise TQError(f"{where} is incomplete: it needs all of {', '.join(LayerTable.ROTARY)}")
+    channels, freq, mean = (getattr(layer, name) for name in LayerTable.ROTARY)
+    if channels.dtype != torch.int64 or freq.dtype != torch.float32 or mean.dtype != torch.float32:
+        raise TQError(f"{where} must be int64 channels and float32 frequencies and means")
+    try:
+        layer.key_rotary  # checks the shapes against each other and the pair limit
+    except TQError as err:
+        raise TQError(f"{where}: {err}") from None
+    half = head_dim // 2
+    a, b = channels[..., 0], channels[..., 1]
+    if (a < 0).any() or (a >= half).any() or not torch.equal(b, a + half) or \
+            any(len(set(row.tolist())) != len(row) for row in a):
+        raise TQError(f"{where} names channels that are not distinct rotate-half pairs (a, a + "
+                      f"{half}) with a in 0..{half - 1}")
+    if not torch.isfinite(mean).all() or not ((freq > 0) & (freq <= math.pi)).all():
+        raise TQError(f"{where} holds NaN/Inf means or frequencies outside (0, pi]")
+
+
 def _check_tensor(layer: LayerTable, name: str, t: torch.Tensor, heads: int, kv_heads: int,
                   head_dim: int, index: int) -> None:
     where = f"layer {index} {name}"
+    if name in LayerTable.ROTARY:  # shapes against kv_heads here, the rest in _check_rotary
+        if t.dim() == 0 or t.shape[0] != kv_heads:
+            raise TQError(f"{where} has shape {list(t.shape)}, expected {kv_heads} heads first")
+        return
     if name == "page_lse_shift":
         if tuple(t.shape) != (heads,) or t.dtype != torch.float32:
             raise TQError(f"{where} must be float32 of shape [{heads}], one per query head; it is "

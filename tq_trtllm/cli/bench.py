@@ -6,6 +6,9 @@ import json
 
 import click
 
+ROTARY = click.option("--rotary-pairs", type=click.IntRange(0, 16), default=0, show_default=True,
+                      help="Give the keys a rotary mean on this many channel pairs (tq-build's "
+                           "calibrated tables have 16).")
 SHAPES = {  # name: (q heads, kv heads, head_dim)
     "llama3-8b": (32, 8, 128),
     "smollm2": (9, 3, 64),
@@ -27,13 +30,13 @@ def _echo_rows(rows, as_json: bool) -> None:
             click.echo(json.dumps(r.as_dict()))
         return
     click.echo(f"{'bench':8}{'batch':>6}{'context':>9}{'q_len':>6}{'heads':>7}{'d':>5}{'K/V bits':>9}"
-               f"{'tq us':>10}{'sdpa us':>10}{'speedup':>9}{'TB/s':>7}{'append us':>11}{'append %':>9}"
+               f"{'rot':>4}{'tq us':>10}{'sdpa us':>10}{'speedup':>9}{'TB/s':>7}{'append us':>11}{'append %':>9}"
                f"{'fused us':>10}{'fused +%':>9}")
     for r in rows:
         app = f"{r.append_us:11.1f}{r.append_pct:9.2f}" if r.append_us is not None else f"{'-':>11}{'-':>9}"
         app += f"{r.fused_us:10.1f}{r.fused_append_pct:9.2f}" if r.fused_us is not None else f"{'-':>10}{'-':>9}"
         click.echo(f"{r.bench:8}{r.batch:>6}{r.context:>9}{r.q_len:>6}{f'{r.q_heads}/{r.kv_heads}':>7}"
-                   f"{r.head_dim:>5}{f'{r.k_bits:g}/{r.v_bits:g}':>9}{r.tq_us:10.1f}{r.sdpa_us:10.1f}"
+                   f"{r.head_dim:>5}{f'{r.k_bits:g}/{r.v_bits:g}':>9}{r.rotary_pairs:>4}{r.tq_us:10.1f}{r.sdpa_us:10.1f}"
                    f"{r.speedup:8.2f}x{r.tq_read_tbps:7.2f}{app}")
 
 
@@ -57,8 +60,9 @@ def main():
 @click.option("--bits", default="3", show_default=True, help="Comma-separated K/V widths, e.g. 3,4.")
 @click.option("--q-len", type=click.IntRange(1, 8), default=1, show_default=True)
 @click.option("--iters", type=click.IntRange(min=1), default=50, show_default=True)
+@ROTARY
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per row.")
-def decode(shape, sizes, bits, q_len, iters, as_json):
+def decode(shape, sizes, bits, q_len, iters, rotary_pairs, as_json):
     _require_kernels()
     from ..eval.kernel_speed import Timer, decode_row
 
@@ -67,7 +71,7 @@ def decode(shape, sizes, bits, q_len, iters, as_json):
     rows = []
     for w in (float(x) for x in bits.split(",")):
         for batch, context in _parse_pairs(sizes):
-            rows.append(decode_row(timer, batch, context, hq, hkv, d, w, w, q_len))
+            rows.append(decode_row(timer, batch, context, hq, hkv, d, w, w, q_len, rotary_pairs))
             if as_json:
                 _echo_rows(rows[-1:], True)
     if not as_json:
@@ -80,14 +84,16 @@ def decode(shape, sizes, bits, q_len, iters, as_json):
 @click.option("--chunk", type=click.IntRange(min=1), default=2048, show_default=True)
 @click.option("--bits", default="3", show_default=True)
 @click.option("--iters", type=click.IntRange(min=1), default=10, show_default=True)
+@ROTARY
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per row.")
-def prefill(shape, history, chunk, bits, iters, as_json):
+def prefill(shape, history, chunk, bits, iters, rotary_pairs, as_json):
     _require_kernels()
     from ..eval.kernel_speed import Timer, prefill_row
 
     hq, hkv, d = SHAPES[shape]
     timer = Timer(iters)
-    rows = [prefill_row(timer, history, chunk, hq, hkv, d, float(w), float(w)) for w in bits.split(",")]
+    rows = [prefill_row(timer, history, chunk, hq, hkv, d, float(w), float(w), rotary_pairs)
+            for w in bits.split(",")]
     _echo_rows(rows, as_json)
 
 

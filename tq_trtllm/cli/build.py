@@ -10,6 +10,7 @@ import click
 from ..calibration.calibrate import CalibrationOptions, calibrate
 from ..calibration.table import MAX_RECENT_TOKENS, oblivious_table
 from ..core.errors import TQError
+from ..core.rotary_mean import MAX_ROTARY_PAIRS
 from ..core.spec import parse_kv_bits
 from ..eval.corpus import CALIBRATION_BOOK, read_corpus
 from ..models.registry import FAMILIES, get_family
@@ -65,12 +66,16 @@ def default_calibration_text() -> tuple[str, str]:
 @click.option("--page-shift/--no-page-shift", default=CalibrationOptions.page_shift, show_default=True,
               help="Measure how much quantization noise inflates the packed keys' softmax mass, per "
                    "layer and query head, and take it back at attention time.")
+@click.option("--rotary-pairs", type=click.IntRange(0, MAX_ROTARY_PAIRS),
+              default=CalibrationOptions.rotary_pairs, show_default=True,
+              help="Channel pairs per KV head whose pre-RoPE key mean is subtracted as RoPE turns it "
+                   "(restored exactly at attention time); 0 turns it off.")
 @click.option("--seed", type=click.IntRange(0, 2**31), default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
 @clean_errors
 def main(family, kv_bits, checkpoint, calib_text, backend, output, oblivious, sink_tokens,
          recent_tokens, key_mean, key_scale, value_mean, value_scale, per_layer, calib_windows,
-         retrieval_windows, page_shift, seed, as_json):
+         retrieval_windows, page_shift, rotary_pairs, seed, as_json):
     family = get_family(family).name
     key_w, value_w = parse_kv_bits(kv_bits)
     if min(key_w, value_w) < MIN_WIDTH:
@@ -101,7 +106,7 @@ def main(family, kv_bits, checkpoint, calib_text, backend, output, oblivious, si
                                   value_scale=value_scale, sink_tokens=sink_tokens,
                                   recent_tokens=recent_tokens, per_layer=per_layer,
                                   windows=calib_windows, retrieval_windows=retrieval_windows,
-                                  page_shift=page_shift, seed=seed)
+                                  page_shift=page_shift, rotary_pairs=rotary_pairs, seed=seed)
         table = calibrate(loaded, text, tag, opts, source=source, progress=not as_json)
     manifest = write_engine(output, family, checkpoint, backend, table)
     if as_json:

@@ -58,7 +58,7 @@ class PagedLayerCache:
         for kv, (x, codec) in enumerate(((k, self.key), (v, self.value))):
             page, slot = self._locate(block_table, kv, seq_idx, pos)
             pages = self.pools[kv].view(-1, self.layouts[kv].page_bytes)
-            write_tokens(pages, self.layouts[kv], page, slot, codec.encode(x))
+            write_tokens(pages, self.layouts[kv], page, slot, codec.encode(x, pos))
 
     def gather(self, block_table: torch.Tensor, seq: int, start: int, length: int,
                dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,5 +69,5 @@ class PagedLayerCache:
         for kv, codec in enumerate((self.key, self.value)):
             page, slot = self._locate(block_table, kv, seq_idx, pos)
             pages = self.pools[kv].view(-1, self.layouts[kv].page_bytes)
-            out.append(codec.decode(read_tokens(pages, self.layouts[kv], page, slot), dtype=dtype))
+            out.append(codec.decode(read_tokens(pages, self.layouts[kv], page, slot), dtype, pos))
         return out[0], out[1]

@@ -13,6 +13,7 @@ import torch
 
 from .codebook import lloyd_max
 from .errors import TQError
+from .rotary_mean import RotaryMean
 from .rotation import dense_rotation, fwht, rotation_signs
 from .spec import CodecSpec, check_head_dim
 
@@ -55,12 +56,13 @@ class VectorCodec:
     mean, scale: [head_dim] or broadcastable to the inputs' [..., head_dim] (e.g. [kv_heads, head_dim]).
     outliers: channel indices of the wider group of a fractional width, [n_hi] or [kv_heads, n_hi];
     default: the first n_hi channels. codebooks: one per group, to replace the analytic ones.
-    gain: one of GAINS.
+    gain: one of GAINS. rotary: a RotaryMean subtracted at each vector's position before `mean`
+    (keys only); encode and decode then need the vectors' packed positions.
     """
 
     def __init__(self, spec: CodecSpec, *, seed: int = 0, mean=None, scale=None, outliers=None,
                  codebooks=None, codebook_kind: str = "exact", rotation: str = "hadamard",
-                 gain: str = "unbiased"):
+                 gain: str = "unbiased", rotary: RotaryMean | None = None):
         if rotation not in ROTATIONS:
             raise TQError(f"rotation {rotation!r} is unknown; use one of {', '.join(ROTATIONS)}")
         if gain not in GAINS:
@@ -73,6 +75,7 @@ class VectorCodec:
         self.rotation = rotation
         d = spec.head_dim
         self.mean = None if mean is None else torch.as_tensor(mean, dtype=torch.float64)
+        self.rotary = rotary
         self.scale = None if scale is None else torch.as_tensor(scale, dtype=torch.float64)
         for name, t in (("mean", self.mean), ("scale", self.scale)):
             if t is not None and t.shape[-1] != d:
@@ -118,9 +121,22 @@ class VectorCodec:
         q = self.dense[group].to(u.device)
         return u @ q if inverse else u @ q.T
 
-    def _to_permuted(self, x: torch.Tensor) -> torch.Tensor:
-        """Steps 1-3: mean, scale, permutation and signs."""
+    def _rotary_vectors(self, positions, like: torch.Tensor) -> torch.Tensor | None:
+        """R(p) m broadcastable to `like` [..., H, d], or None without a rotary mean."""
+        if self.rotary is None:
+            return None
+        if positions is None:
+            raise TQError("this codec has a rotary key mean: encoding and decoding need each "
+                          "vector's packed position")
+        positions = torch.as_tensor(positions, device=like.device)
+        return self.rotary.vectors(positions, self.spec.head_dim)
+
+    def _to_permuted(self, x: torch.Tensor, positions=None) -> torch.Tensor:
+        """Steps 1-3: rotary mean, mean, scale, permutation and signs."""
         z = x.to(torch.float64)
+        turned = self._rotary_vectors(positions, z)
+        if turned is not None:
+            z = z - turned
         if self.mean is not None:
             z = z - self.mean.to(z.device)
         if self.scale is not None:
@@ -129,7 +145,7 @@ class VectorCodec:
             z = torch.take_along_dim(z, self.perm.to(z.device).expand_as(z), dim=-1)
         return z * self.signs.to(z.device)
 
-    def _from_permuted(self, p: torch.Tensor) -> torch.Tensor:
+    def _from_permuted(self, p: torch.Tensor, positions=None) -> torch.Tensor:
         z = p * self.signs.to(p.device)
         if self.perm is not None:
             out = torch.empty_like(z)
@@ -138,7 +154,8 @@ class VectorCodec:
             z = z * self.scale.to(z.device)
         if self.mean is not None:
             z = z + self.mean.to(z.device)
-        return z
+        turned = self._rotary_vectors(positions, z)
+        return z if turned is None else z + turned
 
     def rotated(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Per group, H s (x*scale)[perm] / sqrt(n): how a query is rotated (no mean, no norm)."""
@@ -150,11 +167,13 @@ class VectorCodec:
         p = p * self.signs.to(p.device)
         return [self._rotate(p[..., g.start:g.start + g.dim], i) for i, g in enumerate(self.spec.groups)]
 
-    def encode(self, x: torch.Tensor) -> Encoded:
+    def encode(self, x: torch.Tensor, positions=None) -> Encoded:
+        """x [..., H, d] (or [..., d] without per-head tables); positions: the packed position of
+        each vector, shaped like x's leading dims before H (needed with a rotary mean)."""
         if x.shape[-1] != self.spec.head_dim:
             raise TQError(f"vectors have {x.shape[-1]} channels but head_dim is {self.spec.head_dim}")
         check_finite(x, "the key/value input")
-        p = self._to_permuted(x)
+        p = self._to_permuted(x, positions)
         codes, gains = [], []
         for i, g in enumerate(self.spec.groups):
             part = p[..., g.start:g.start + g.dim]
@@ -178,15 +197,15 @@ class VectorCodec:
             gains.append(gain)
         return Encoded(codes, torch.cat(gains, dim=-1).to(torch.float16))
 
-    def decode(self, enc: Encoded, dtype=torch.float32) -> torch.Tensor:
+    def decode(self, enc: Encoded, dtype=torch.float32, positions=None) -> torch.Tensor:
         parts = []
         for i, g in enumerate(self.spec.groups):
             c = self.codebooks[i].to(enc.codes[i].device)[enc.codes[i].long()]
             parts.append(self._rotate(c, i, inverse=True) * enc.norms[..., i:i + 1].to(torch.float64))
-        return self._from_permuted(torch.cat(parts, dim=-1)).to(dtype)
+        return self._from_permuted(torch.cat(parts, dim=-1), positions).to(dtype)
 
-    def roundtrip(self, x: torch.Tensor) -> torch.Tensor:
-        return self.decode(self.encode(x), dtype=x.dtype)
+    def roundtrip(self, x: torch.Tensor, positions=None) -> torch.Tensor:
+        return self.decode(self.encode(x, positions), dtype=x.dtype, positions=positions)
 
 
 class ProdCodec:

@@ -17,11 +17,13 @@ import torch.nn.functional as F
 
 from ..core.paged import PagedLayerCache
 from ..core.quantizer import VectorCodec
+from ..core.rotary_mean import select_pairs
 from ..core.spec import CodecSpec
 from ..kernels import KernelCache, library, quantize_append, workspace_bytes
 from ..kernels.ops import _dtype_code
 
 FLUSH_BYTES = 256 << 20
+ROPE_BASE = 500000.0  # Llama 3's, for the rotary mean's frequencies
 
 
 @dataclass
@@ -44,6 +46,7 @@ class Row:
     append_pct: float | None = None  # ... as % of tq_us
     fused_us: float | None = None    # tq_decode_attention_append: the same append fused in
     fused_append_pct: float | None = None  # (fused_us - tq_us) as % of tq_us
+    rotary_pairs: int = 0  # the keys' rotary mean (calibrated tables have one), pairs per KV head
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -70,9 +73,14 @@ class Timer:
 
 
 def packed_cache(batch: int, context: int, q_heads: int, kv_heads: int, head_dim: int,
-                 k_bits: float, v_bits: float, tokens_per_block: int = 64):
-    """A filled packed cache of `batch` sequences of `context` tokens; its KernelCache."""
-    key = VectorCodec(CodecSpec(head_dim, k_bits), seed=1)
+                 k_bits: float, v_bits: float, tokens_per_block: int = 64, rotary_pairs: int = 0):
+    """A filled packed cache of `batch` sequences of `context` tokens; its KernelCache. With
+    rotary_pairs, the keys have a rotary mean on that many random pairs."""
+    rotary = None
+    if rotary_pairs:
+        inv_freq = ROPE_BASE ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        rotary = select_pairs(torch.randn(kv_heads, head_dim, dtype=torch.float64), inv_freq, rotary_pairs)
+    key = VectorCodec(CodecSpec(head_dim, k_bits), seed=1, rotary=rotary)
     value = VectorCodec(CodecSpec(head_dim, v_bits), seed=2)
     blocks = (context + tokens_per_block - 1) // tokens_per_block
     cache = PagedLayerCache(key, value, kv_heads, tokens_per_block, batch * blocks * 2, "cuda")
@@ -110,8 +118,9 @@ def raw_attention_call(kc: KernelCache, fn_name: str, q: torch.Tensor, kv_lens: 
 
 
 def decode_row(timer: Timer, batch: int, context: int, q_heads: int, kv_heads: int, head_dim: int,
-               k_bits: float, v_bits: float, q_len: int = 1) -> Row:
-    _, kc = packed_cache(batch, context, q_heads, kv_heads, head_dim, k_bits, v_bits)
+               k_bits: float, v_bits: float, q_len: int = 1, rotary_pairs: int = 0) -> Row:
+    _, kc = packed_cache(batch, context, q_heads, kv_heads, head_dim, k_bits, v_bits,
+                         rotary_pairs=rotary_pairs)
     q = torch.randn(batch, q_len, q_heads, head_dim, device="cuda", dtype=torch.float16)
     lens = torch.full((batch,), context, device="cuda", dtype=torch.int32)
     # the step's new rows: q_len tokens per sequence at the last positions, attended to exactly
@@ -128,7 +137,7 @@ def decode_row(timer: Timer, batch: int, context: int, q_heads: int, kv_heads: i
     nbytes = packed_bytes_of(batch, context, kv_heads, head_dim, k_bits, v_bits)
     return Row("decode", batch, context, q_len, q_heads, kv_heads, head_dim, k_bits, v_bits,
                tq_us, sdpa_us, sdpa_us / tq_us, nbytes / 1e6, nbytes / tq_us / 1e6, append_us,
-               100.0 * append_us / tq_us, fused_us, 100.0 * (fused_us - tq_us) / tq_us)
+               100.0 * append_us / tq_us, fused_us, 100.0 * (fused_us - tq_us) / tq_us, rotary_pairs)
 
 
 def packed_bytes_of(batch, context, kv_heads, head_dim, k_bits, v_bits) -> int:
@@ -149,9 +158,10 @@ def sdpa_decode_us(timer: Timer, batch, context, q_heads, kv_heads, head_dim, q_
 
 
 def prefill_row(timer: Timer, history: int, chunk: int, q_heads: int, kv_heads: int,
-                head_dim: int, k_bits: float, v_bits: float) -> Row:
+                head_dim: int, k_bits: float, v_bits: float, rotary_pairs: int = 0) -> Row:
     total = history + chunk
-    _, kc = packed_cache(1, total, q_heads, kv_heads, head_dim, k_bits, v_bits)
+    _, kc = packed_cache(1, total, q_heads, kv_heads, head_dim, k_bits, v_bits,
+                         rotary_pairs=rotary_pairs)
     q = torch.randn(1, chunk, q_heads, head_dim, device="cuda", dtype=torch.float16)
     lens = torch.full((1,), total, device="cuda", dtype=torch.int32)
     kv_new = torch.randn(2, chunk, kv_heads, head_dim, device="cuda", dtype=torch.float16)
@@ -160,4 +170,5 @@ def prefill_row(timer: Timer, history: int, chunk: int, q_heads: int, kv_heads: 
     sdpa_us = sdpa_decode_us(timer, 1, total, q_heads, kv_heads, head_dim, chunk)
     nbytes = packed_bytes_of(1, total, kv_heads, head_dim, k_bits, v_bits)
     return Row("prefill", 1, total, chunk, q_heads, kv_heads, head_dim, k_bits, v_bits, tq_us,
-               sdpa_us, sdpa_us / tq_us, nbytes / 1e6, nbytes / tq_us / 1e6)
+               sdpa_us, sdpa_us / tq_us, nbytes / 1e6, nbytes / tq_us / 1e6,
+               rotary_pairs=rotary_pairs)

@@ -34,6 +34,10 @@ class TqCodec(ctypes.Structure):
         ("perm", ctypes.c_void_p),
         ("mean", ctypes.c_void_p),
         ("scale", ctypes.c_void_p),
+        ("rotary_pairs", ctypes.c_int32),
+        ("rotary_channel", ctypes.c_void_p),
+        ("rotary_freq", ctypes.c_void_p),
+        ("rotary_mean", ctypes.c_void_p),
     ]
 
 

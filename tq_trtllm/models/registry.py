@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from ..core.errors import TQError
 
 
@@ -53,3 +55,16 @@ def check_config(family: Family, config) -> None:
 def output_projections(model) -> list:
     """Every layer's attention output projection weight, [hidden, q_heads * head_dim]."""
     return [layer.self_attn.o_proj.weight for layer in model.model.layers]
+
+
+def rotary_frequencies(model) -> torch.Tensor:
+    """The inverse frequencies of the model's rotate-half RoPE, float64 [head_dim / 2], radians per
+    position (what transformers' rotary embedding computed, after any frequency scaling)."""
+    rotary = getattr(model.model, "rotary_emb", None)
+    if rotary is None or not hasattr(rotary, "inv_freq"):
+        raise TQError("the model has no rotary embedding with inverse frequencies (model.model."
+                      "rotary_emb.inv_freq); calibrate without the rotary key mean (--rotary-pairs 0)")
+    if float(getattr(rotary, "attention_scaling", 1.0)) != 1.0:
+        raise TQError("the model's RoPE scales cos and sin (attention_scaling != 1); calibrate "
+                      "without the rotary key mean (--rotary-pairs 0)")
+    return rotary.inv_freq.detach().to("cpu", torch.float64)

@@ -17,7 +17,7 @@ from ..core.quantizer import VectorCodec
 from ..core.spec import FORMAT_VERSION
 
 TABLE_MAGIC = b"TQCT"
-TABLE_VERSION = 2
+TABLE_VERSION = 3
 HEADER = struct.Struct("<4sIII Q iiiii I Q II")  # 64 bytes, field order as in docs/PLUGIN.md
 ROPE_SCALING = {"none": 0, "linear": 1, "llama3": 2}
 
@@ -25,6 +25,9 @@ ROPE_SCALING = {"none": 0, "linear": 1, "llama3": 2}
 OPTIONAL_ARRAYS = (("key", "mean", 1 << 0), ("key", "scale", 1 << 1), ("key", "perm", 1 << 2),
                    ("value", "mean", 1 << 3), ("value", "scale", 1 << 4), ("value", "perm", 1 << 5))
 PAGE_SHIFT_FLAG = 1 << 6  # the table's page_lse_shift, fp32 [num_q_heads], after the arrays above
+# the keys' rotary mean, last: int32 P, int32 channel a [kv_heads][P], fp32 frequency [kv_heads][P],
+# fp32 mean [kv_heads][P][2]
+ROTARY_FLAG = 1 << 7
 
 
 def fingerprint_u64(fingerprint: dict) -> int:
@@ -42,8 +45,8 @@ def _fnv1a(data: bytes) -> int:
 def calibration_table_bytes(key: VectorCodec, value: VectorCodec, *, layer_idx: int, kv_heads: int,
                             num_q_heads: int, fingerprint: int,
                             page_lse_shift: torch.Tensor | None = None) -> bytes:
-    """One layer's table from its two codecs (their codebooks, means, scales, permutations) and
-    the table's page shift ([num_q_heads], or None)."""
+    """One layer's table from its two codecs (their codebooks, means, scales, permutations, the
+    keys' rotary mean) and the table's page shift ([num_q_heads], or None)."""
     head_dim = key.spec.head_dim
     if value.spec.head_dim != head_dim:
         raise TQError("keys and values must share head_dim")
@@ -65,6 +68,13 @@ def calibration_table_bytes(key: VectorCodec, value: VectorCodec, *, layer_idx: 
             raise TQError(f"page_lse_shift must hold {num_q_heads} values, one per query head")
         flags |= PAGE_SHIFT_FLAG
         payload += page_lse_shift.detach().cpu().numpy().astype("<f4").tobytes()
+    rotary = key.rotary
+    if rotary is not None:
+        flags |= ROTARY_FLAG
+        payload += struct.pack("<i", rotary.freq.shape[-1])
+        payload += rotary.channels[..., 0].cpu().numpy().astype("<i4").tobytes()
+        payload += rotary.freq.cpu().numpy().astype("<f4").tobytes()
+        payload += rotary.mean.cpu().numpy().astype("<f4").tobytes()
     header = HEADER.pack(TABLE_MAGIC, TABLE_VERSION, FORMAT_VERSION, HEADER.size, fingerprint & (2**64 - 1),
                          layer_idx, kv_heads, head_dim, int(key.spec.width * 2), int(value.spec.width * 2),
                          flags, len(payload), _fnv1a(payload), num_q_heads)

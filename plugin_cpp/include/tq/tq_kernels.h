@@ -31,6 +31,7 @@ extern "C" {
 #define TQ_MAX_HEAD_DIM 128 /* the kernels support head_dim 64 and 128 */
 #define TQ_MAX_GQA_GROUP 8  /* query heads per KV head */
 #define TQ_MAX_DECODE_Q_LEN 8
+#define TQ_MAX_ROTARY_PAIRS 16 /* channel pairs of a key codec's rotary mean */
 
 typedef struct CUstream_st* tq_stream; /* the same type as cudaStream_t */
 
@@ -68,6 +69,17 @@ typedef struct tq_codec {
   const int32_t* perm;  /* device [num_kv_heads][head_dim] channel order, or NULL = identity */
   const float* mean;    /* device [num_kv_heads][head_dim], or NULL = zeros */
   const float* scale;   /* device [num_kv_heads][head_dim] (positive), or NULL = ones */
+  /* The rotary mean (FORMAT.md section 1.1), keys only (a value codec must have rotary_pairs 0):
+   * rotary_pairs P in 0..TQ_MAX_ROTARY_PAIRS pairs per KV head; with P > 0 all three arrays are
+   * required (4-byte aligned): pair i of head h is channels (a, a + head_dim / 2) with
+   * a = rotary_channel[h][i] (distinct, in [0, head_dim / 2)), frequency rotary_freq[h][i] radians
+   * per position, mean (rotary_mean[h][i][0], rotary_mean[h][i][1]). Quantize-append subtracts
+   * R(pos) m, dequantize adds it back, attention adds q . R(pos) m to the logit of packed position
+   * pos (fp16 products, as the keys'). */
+  int32_t rotary_pairs;
+  const int32_t* rotary_channel;
+  const float* rotary_freq;
+  const float* rotary_mean;
 } tq_codec;
 
 /* One layer's paged cache (FORMAT.md, section 6). */
