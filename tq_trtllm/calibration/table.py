@@ -42,9 +42,9 @@ class LayerTable:
     key_rotary_freq: torch.Tensor | None = None
     key_rotary_mean: torch.Tensor | None = None
 
-    TENSORS = ("key_mean", "key_scale", "key_outliers", "value_mean", "value_scale", "value_outliers",
-               "page_lse_shift", "key_rotary_channels", "key_rotary_freq", "key_rotary_mean")
     ROTARY = ("key_rotary_channels", "key_rotary_freq", "key_rotary_mean")
+    TENSORS = ("key_mean", "key_scale", "key_outliers", "value_mean", "value_scale", "value_outliers",
+               "page_lse_shift") + ROTARY
 
     @property
     def key_rotary(self) -> RotaryMean | None:

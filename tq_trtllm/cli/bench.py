@@ -6,7 +6,10 @@ import json
 
 import click
 
-ROTARY = click.option("--rotary-pairs", type=click.IntRange(0, 16), default=0, show_default=True,
+from ..core.rotary_mean import MAX_ROTARY_PAIRS
+
+ROTARY = click.option("--rotary-pairs", type=click.IntRange(0, MAX_ROTARY_PAIRS), default=0,
+                      show_default=True,
                       help="Give the keys a rotary mean on this many channel pairs (tq-build's "
                            "calibrated tables have 16).")
 SHAPES = {  # name: (q heads, kv heads, head_dim)
