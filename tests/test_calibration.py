@@ -5,7 +5,7 @@ import torch
 
 from hf_fixtures import tiny_model, tiny_text, tiny_tokenizer
 from tq_trtllm.calibration.allocate import EFFECTIVE_OVERHEAD, allocate_widths
-from tq_trtllm.calibration.calibrate import CalibrationOptions, calibrate, collect_stats, rotary_means
+from tq_trtllm.calibration.calibrate import CalibrationOptions, calibrate, collect_stats, rotary_mean
 from tq_trtllm.calibration.capture import run_observed, token_windows
 from tq_trtllm.calibration.page_mass import lse_inflation, measure_page_shifts
 from tq_trtllm.calibration.sensitivity import fisher_gradients
@@ -26,7 +26,7 @@ def loaded():
 
 def test_stats_match_direct_computation(loaded):
     windows = token_windows(loaded.tokenizer, tiny_text(200), 64, 2)
-    stats = collect_stats(loaded.model, windows, skip=1)
+    stats = collect_stats(loaded.model, windows, skip=1, context=64)
     assert len(stats) == 2 and stats[0].tokens == 2 * 63
     s = stats[1]
     assert s.key_mean.shape == (2, 64) and torch.isfinite(s.key_mean).all()
@@ -38,32 +38,70 @@ def test_stats_match_direct_computation(loaded):
     assert torch.equal(s.value_weight, output_weights(o_proj, 2, 64))
 
 
+def _captured(model, windows):
+    """Every layer's post-RoPE q and k over the windows, float64."""
+    out = {}
+    run_observed(model, windows, lambda layer, q, k, v: out.update(
+        {layer: (q.detach().double(), k.detach().double())}))
+    return out
+
+
 def test_rotary_means_hold_the_largest_pre_rope_key_means(loaded):
     windows = token_windows(loaded.tokenizer, tiny_text(200), 64, 2)
-    rotary = rotary_means(loaded.model, windows, skip=1, pairs=4)
+    stats = collect_stats(loaded.model, windows, skip=1, context=64)
     inv_freq = rotary_frequencies(loaded.model)
-    keys = {}
-    run_observed(loaded.model, windows, lambda layer, q, k, v: keys.update({layer: k.detach()}))
-    for layer, k in keys.items():  # [windows, H, T, d]
+    for layer, (_, k) in _captured(loaded.model, windows).items():  # k [windows, H, T, d]
         pre = pre_rope(k[:, :, 1:], torch.arange(1, 64), inv_freq).mean(dim=(0, 2))
+        torch.testing.assert_close(stats[layer].pre_rope_key_mean, pre)
+        rotary, _ = rotary_mean(stats[layer], pairs=4, skip=1)
         energy = pre[:, :32] ** 2 + pre[:, 32:] ** 2
-        assert rotary[layer].channels[..., 0].tolist() == energy.topk(4).indices.sort().values.tolist()
+        assert rotary.channels[..., 0].tolist() == energy.topk(4).indices.sort().values.tolist()
         # stated at packed position 0, which is sequence position 1 (one exact sink token)
-        torch.testing.assert_close(rotary[layer].mean, select_pairs(pre, inv_freq, 4, offset=1).mean)
+        torch.testing.assert_close(rotary.mean, select_pairs(pre, inv_freq, 4, offset=1).mean)
 
 
 def test_key_statistics_are_those_of_the_keys_less_their_rotary_mean(loaded):
     windows = token_windows(loaded.tokenizer, tiny_text(200), 64, 2)
-    rotary = rotary_means(loaded.model, windows, skip=0, pairs=16)
-    plain = collect_stats(loaded.model, windows, skip=0)
-    turned = collect_stats(loaded.model, windows, skip=0, rotary=rotary)
-    for a, b in zip(plain, turned):
-        assert torch.equal(a.v_sum, b.v_sum)  # values untouched
-        assert b.key_power(centred=True).sum() < a.key_power(centred=True).sum()
+    stats = collect_stats(loaded.model, windows, skip=1, context=64)
+    for layer, (_, k) in _captured(loaded.model, windows).items():
+        rotary, less = rotary_mean(stats[layer], pairs=16, skip=1)
+        packed = torch.arange(63)  # sequence positions 1 .. 63
+        turned = rotary.vectors(packed, 64).transpose(0, 1)  # [H, T, d]
+        # the sums of keys less R(p) m, RoPE undone at their sequence positions
+        pre = pre_rope(k[:, :, 1:] - turned, torch.arange(1, 64), stats[layer].inv_freq)
+        torch.testing.assert_close(less.k_sum, pre.sum(dim=(0, 2)))
+        a, b = pre[..., :32], pre[..., 32:]
+        torch.testing.assert_close(less.k_pairs, torch.stack([a * a, b * b, a * b], -1).sum(dim=(0, 2)))
+        assert less.key_power(centred=True).sum() < stats[layer].key_power(centred=True).sum()
+        assert torch.equal(less.v_sum, stats[layer].v_sum)  # values untouched
+
+
+def test_post_rope_statistics_stand_for_the_context(gen):
+    """Windows whose RoPE-free content is the same at every position: their post-RoPE statistics
+    over positions 0 .. T - 1 are exactly the context's averages of the turned moments."""
+    inv_freq = torch.tensor([1.0, 0.3, 0.01, 0.0], dtype=torch.float64)
+    content = torch.randn(5, 2, 1, 8, generator=gen, dtype=torch.float64) + torch.arange(8.0)
+    t = 40
+    angle = torch.arange(t, dtype=torch.float64)[:, None] * inv_freq
+    cos, sin = torch.cat([angle.cos()] * 2, -1), torch.cat([angle.sin()] * 2, -1)
+    rotate_half = lambda x: torch.cat([-x[..., 4:], x[..., :4]], -1)  # noqa: E731
+    post = content * cos + rotate_half(content) * sin  # transformers' RoPE, [5, 2, T, 8]
+    stats = ChannelStats.zeros(2, 8, inv_freq, context=t)
+    stats.add(post, post, post, skip=0)
+    flat = post.transpose(1, 2).reshape(-1, 2, 8)
+    torch.testing.assert_close(stats.key_mean, flat.mean(0))
+    torch.testing.assert_close(stats.key_power(centred=True), flat.var(0, unbiased=False))
+    torch.testing.assert_close(stats.query_power, flat.square().mean(0))
+    # a longer context turns the fast pairs' energy evenly between their two channels
+    long = ChannelStats.zeros(2, 8, inv_freq, context=100_000)
+    long.add(post, post, post, skip=0)
+    power = long.key_power(centred=False)
+    torch.testing.assert_close(power[:, 0], power[:, 4], rtol=1e-3, atol=0)
+    assert not torch.allclose(power[:, 3], power[:, 7], rtol=0.1)  # no turn at frequency 0
 
 
 def test_key_scale_is_the_fourth_root_rule():
-    s = ChannelStats.zeros(1, 4)
+    s = ChannelStats.zeros(1, 4, torch.zeros(2), context=10)  # no RoPE
     k = torch.tensor([[[[1.0, 2.0, 4.0, 8.0]]]]).expand(1, 1, 10, 4)
     q = torch.tensor([[[[8.0, 4.0, 2.0, 1.0]]]]).expand(1, 1, 10, 4)
     s.add(q, k, k, skip=0)
@@ -74,7 +112,7 @@ def test_key_scale_is_the_fourth_root_rule():
 
 
 def test_value_scale_is_the_fourth_root_rule_with_output_weights():
-    s = ChannelStats.zeros(1, 4, value_weight=torch.tensor([[1.0, 16.0, 1.0, 16.0]], dtype=torch.float64))
+    s = ChannelStats.zeros(1, 4, torch.zeros(2), 10, value_weight=torch.tensor([[1.0, 16.0, 1.0, 16.0]], dtype=torch.float64))
     v = torch.tensor([[[[1.0, 2.0, 4.0, 8.0]]]]).expand(1, 1, 10, 4)
     s.add(v, v, v, skip=0)
     # s_c = (v_c^2 / w_c)^(1/4) = sqrt(v_c) / w_c^(1/4), geometric mean 1
@@ -100,7 +138,7 @@ def test_value_scale_cuts_the_output_weighted_error_as_predicted(gen):
     sum_c w_c E[e_c^2] falls by the predicted (sum_c sqrt(a_c w_c))^2 / (sum_c a_c sum_c w_c)."""
     a = torch.logspace(-1, 1, 64, dtype=torch.float64)
     w = a.flip(0)
-    s = ChannelStats.zeros(1, 64, value_weight=w[None])
+    s = ChannelStats.zeros(1, 64, torch.zeros(32), 4000, value_weight=w[None])
     v = torch.randn(1, 1, 4000, 64, generator=gen, dtype=torch.float64) * a.sqrt()
     s.add(v, v, v, skip=0)
     power = s.value_power(centred=False)[0]
@@ -128,7 +166,8 @@ def test_calibrated_table_is_sane(loaded):
 def test_value_scale_option_reaches_the_value_codec(loaded):
     opts = CalibrationOptions(window=64, windows=1, value_scale=True)
     table = calibrate(loaded, tiny_text(200), "k3v2.5", opts)
-    stats = collect_stats(loaded.model, token_windows(loaded.tokenizer, tiny_text(200), 64, 1), skip=0)
+    stats = collect_stats(loaded.model, token_windows(loaded.tokenizer, tiny_text(200), 64, 1), skip=0,
+                          context=64)
     for layer, s in zip(table.layers, stats):
         assert torch.equal(layer.value_scale, s.value_scale(centred=False).float())
         assert torch.equal(layer.value_outliers, s.value_outliers(32, centred=False, scaled=True))

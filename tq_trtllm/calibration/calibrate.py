@@ -9,7 +9,7 @@ import torch
 from tqdm import tqdm
 
 from ..core.errors import TQError
-from ..core.rotary_mean import RotaryMean, pre_rope, select_pairs
+from ..core.rotary_mean import RotaryMean, select_pairs
 from ..core.spec import CodecSpec, parse_kv_bits
 from ..models.checkpoint import LoadedModel
 from ..models.fingerprint import fingerprint, head_dim_of
@@ -51,41 +51,38 @@ class CalibrationOptions:
     # on SmolLM2-135M, 16 pairs take the keys' centred energy down by 41% at the calibration
     # positions and by 79% at positions 6,000-8,000 (docs/QUALITY.md, session 8); 0: none
     rotary_pairs: int = 16
+    # positions the key and query statistics stand for (stats.py): 512 fits the calibration windows'
+    # own positions, 8,192 cost 3-bit passkey at 1,024 tokens; 2,048 was the only setting whose
+    # passkey equalled FP16 at every length (docs/QUALITY.md, session 9)
+    stats_context: int = 2048
     seed: int = 0
 
 
-def collect_stats(model, windows: torch.Tensor, skip: int, progress: bool = False,
-                  rotary: list[RotaryMean] | None = None) -> list[ChannelStats]:
+def collect_stats(model, windows: torch.Tensor, skip: int, context: int,
+                  progress: bool = False) -> list[ChannelStats]:
+    """Per layer, the statistics of the windows (positions from `skip` on), standing for positions
+    0 .. context - 1."""
     cfg = model.config
     heads = cfg.num_key_value_heads
     head_dim = head_dim_of(cfg)
-    stats = [ChannelStats.zeros(heads, head_dim, output_weights(w, heads, head_dim))
+    inv_freq = rotary_frequencies(model)
+    stats = [ChannelStats.zeros(heads, head_dim, inv_freq, context, output_weights(w, heads, head_dim))
              for w in output_projections(model)]
 
     def add(layer, query, key, value):
-        stats[layer].add(query, key, value, skip, None if rotary is None else rotary[layer])
+        stats[layer].add(query, key, value, skip)
 
     for row in tqdm(windows, desc="calibration statistics", disable=not progress):
         run_observed(model, row[None], add)
     return stats
 
 
-def rotary_means(model, windows: torch.Tensor, skip: int, pairs: int,
-                 progress: bool = False) -> list[RotaryMean]:
-    """Per layer, the rotary mean of the `pairs` pairs with the most pre-RoPE key mean energy,
-    measured over the windows (positions from `skip` on) and stated at packed position 0."""
-    inv_freq = rotary_frequencies(model)
-    sums: dict[int, torch.Tensor] = {}
-
-    def add(layer, query, key, value):
-        positions = torch.arange(key.shape[2], device=key.device)
-        pre = pre_rope(key.detach()[:, :, skip:], positions[skip:], inv_freq)
-        sums[layer] = sums.get(layer, 0) + pre.sum(dim=(0, 2))
-
-    for row in tqdm(windows, desc="rotary key means", disable=not progress):
-        run_observed(model, row[None], add)
-    tokens = windows.shape[0] * (windows.shape[1] - skip)
-    return [select_pairs(sums[i].cpu() / tokens, inv_freq, pairs, skip) for i in range(len(sums))]
+def rotary_mean(stats: ChannelStats, pairs: int, skip: int) -> tuple[RotaryMean, ChannelStats]:
+    """The rotary mean of the `pairs` pairs with the most pre-RoPE key mean energy, stated at packed
+    position 0 (sequence position `skip`), and the statistics of the keys less it."""
+    head_dim = stats.k_sum.shape[-1]
+    rotary = select_pairs(stats.pre_rope_key_mean, stats.inv_freq, pairs, skip)
+    return rotary, stats.less(rotary.vectors(torch.tensor(-skip), head_dim))
 
 
 def _layer_table(stats: ChannelStats, head_dim: int, key_width: float, value_width: float,
@@ -119,11 +116,11 @@ def calibrate(loaded: LoadedModel, text: str, kv_bits: str, opts: CalibrationOpt
     if windows.shape[0] < needed:
         raise TQError(f"the calibration text has too few tokens: at least {needed * opts.window} are "
                       "needed; give a longer --calib-text")
+    stats = collect_stats(loaded.model, windows[: opts.windows], opts.sink_tokens, opts.stats_context,
+                          progress)
     rotary = [None] * n_layers
     if opts.rotary_pairs:
-        rotary = rotary_means(loaded.model, windows[: opts.windows], opts.sink_tokens,
-                              opts.rotary_pairs, progress)
-    stats = collect_stats(loaded.model, windows[: opts.windows], opts.sink_tokens, progress, rotary)
+        rotary, stats = zip(*(rotary_mean(s, opts.rotary_pairs, opts.sink_tokens) for s in stats))
 
     def build(widths: dict) -> KVTable:
         layers = [_layer_table(stats[i], head_dim, widths[(i, 0)], widths[(i, 1)], opts.seed + i, opts,

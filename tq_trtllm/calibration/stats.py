@@ -1,5 +1,13 @@
-"""Channel statistics of post-RoPE queries, keys and values, per layer and KV head, and the codec
-parameters they imply.
+"""Channel statistics of queries, keys and values, per layer and KV head, and the codec parameters
+they imply.
+
+Queries and keys are cached after RoPE, which turns each rotate-half channel pair (a, a + d/2) by
+an angle that grows with the position. Their statistics are therefore summed with RoPE undone (the
+model's own inverse frequencies), as each pair's first and second moments; the post-RoPE statistics
+the codec needs follow for any range of positions by turning those moments (`context`: positions 0
+to context - 1, each weighted alike). Measured post-RoPE on the calibration windows alone, a
+per-channel scale and mean fit the windows' few hundred positions and lose their use where slowly
+turning pairs have turned further (docs/QUALITY.md, session 9).
 
 Per-channel key scale. Quantizing z = (k - mean) / s adds an error that the rotation spreads evenly
 over channels, so the logit error q . (s * e) has variance proportional to
@@ -19,63 +27,94 @@ arithmetic.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from ..core.rotary_mean import RotaryMean
+from ..core.rotary_mean import pre_rope
 
 SCALE_FLOOR = 1e-6
 
 
 @dataclass
 class ChannelStats:
-    """Running sums for one layer: tensors are [kv_heads, head_dim] float64."""
+    """Running sums for one layer, float64. Keys and queries with RoPE undone: k_sum [H, d], and
+    per rotate-half pair (a, a + d/2) the sums of a^2, b^2 and a b, k_pairs and q_pairs [H, d/2, 3]
+    (q_pairs averaged over the query heads of each KV head's group). Values (no RoPE): v_sum, v_sq
+    [H, d]. inv_freq [d/2]: RoPE's angle per position of each pair; context: the positions the
+    post-RoPE statistics stand for."""
 
+    inv_freq: torch.Tensor
+    context: int
     k_sum: torch.Tensor
-    k_sq: torch.Tensor
+    k_pairs: torch.Tensor
+    q_pairs: torch.Tensor
     v_sum: torch.Tensor
     v_sq: torch.Tensor
-    q_sq: torch.Tensor  # summed over the query heads of each KV head's group
     tokens: int = 0
     value_weight: torch.Tensor | None = None  # w_c of output_weights, a model constant
 
     @classmethod
-    def zeros(cls, kv_heads: int, head_dim: int,
+    def zeros(cls, kv_heads: int, head_dim: int, inv_freq: torch.Tensor, context: int,
               value_weight: torch.Tensor | None = None) -> "ChannelStats":
-        z = lambda: torch.zeros(kv_heads, head_dim, dtype=torch.float64)  # noqa: E731
-        return cls(z(), z(), z(), z(), z(), value_weight=value_weight)
+        z = lambda *shape: torch.zeros(kv_heads, *shape, dtype=torch.float64)  # noqa: E731
+        return cls(inv_freq.to(torch.float64), context, z(head_dim), z(head_dim // 2, 3),
+                   z(head_dim // 2, 3), z(head_dim), z(head_dim), value_weight=value_weight)
 
-    def add(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, skip: int,
-            rotary: RotaryMean | None = None) -> None:
-        """query [B, Hq, T, d], key/value [B, Hkv, T, d]; the first `skip` positions are left out
-        (attention sinks, kept exact, would dominate the means). With `rotary`, the statistics are
-        those of the keys less their rotary mean (what the codec quantizes)."""
-        if rotary is not None:
-            packed = torch.arange(key.shape[2], device=key.device) - skip
-            key = key.to(torch.float64) - rotary.vectors(packed, key.shape[-1]).transpose(0, 1)
-        q, k, v = (x[:, :, skip:].detach().to(torch.float64) for x in (query, key, value))
+    def add(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, skip: int) -> None:
+        """query [B, Hq, T, d], key/value [B, Hkv, T, d] after RoPE at positions 0 .. T - 1; the
+        first `skip` positions are left out (attention sinks, kept exact, would dominate the means)."""
+        positions = torch.arange(skip, key.shape[2], device=key.device)
+        q, k = (pre_rope(x.detach()[:, :, skip:], positions, self.inv_freq) for x in (query, key))
+        v = value.detach()[:, :, skip:].to(torch.float64)
         hkv = k.shape[1]
         q = q.reshape(q.shape[0], hkv, -1, *q.shape[2:])  # [B, Hkv, group, T, d]
-        self.k_sum += k.sum(dim=(0, 2))
-        self.k_sq += (k * k).sum(dim=(0, 2))
-        self.v_sum += v.sum(dim=(0, 2))
-        self.v_sq += (v * v).sum(dim=(0, 2))
-        self.q_sq += (q * q).sum(dim=(0, 2, 3)) / q.shape[2]
+        self.k_sum += k.sum(dim=(0, 2)).cpu()
+        self.k_pairs += _pair_products(k).sum(dim=(0, 2)).cpu()
+        self.q_pairs += _pair_products(q).sum(dim=(0, 2, 3)).cpu() / q.shape[2]
+        self.v_sum += v.sum(dim=(0, 2)).cpu()
+        self.v_sq += (v * v).sum(dim=(0, 2)).cpu()
         self.tokens += k.shape[0] * k.shape[2]
+
+    def less(self, pre_mean: torch.Tensor) -> "ChannelStats":
+        """The statistics of the keys less a constant vector in RoPE's frame at position 0,
+        pre_mean [H, d] (a rotary key mean, which turns with the position after RoPE)."""
+        mean = self.k_sum / self.tokens
+        half = mean.shape[-1] // 2
+        m_a, m_b, x_a, x_b = pre_mean[:, :half], pre_mean[:, half:], mean[:, :half], mean[:, half:]
+        # E[(a - m_a)(b - m_b)] = E[ab] - m_a E[b] - m_b E[a] + m_a m_b, and so on
+        shift = torch.stack([m_a * m_a - 2 * m_a * x_a, m_b * m_b - 2 * m_b * x_b,
+                             m_a * m_b - m_a * x_b - m_b * x_a], dim=-1)
+        return replace(self, k_sum=self.k_sum - pre_mean * self.tokens,
+                       k_pairs=self.k_pairs + shift * self.tokens)
+
+    @property
+    def pre_rope_key_mean(self) -> torch.Tensor:
+        """The keys' mean with RoPE undone, [H, d]."""
+        return self.k_sum / self.tokens
 
     @property
     def key_mean(self) -> torch.Tensor:
-        return self.k_sum / self.tokens
+        """The post-RoPE key mean over the context's positions."""
+        mean = self.pre_rope_key_mean
+        half = mean.shape[-1] // 2
+        cos, sin = (t.mean(dim=0) for t in self._angles())
+        a, b = mean[:, :half], mean[:, half:]
+        return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
 
     @property
     def value_mean(self) -> torch.Tensor:
         return self.v_sum / self.tokens
 
     def key_power(self, centred: bool) -> torch.Tensor:
-        """E[k'_c^2] with k' = k - mean when centred, else E[k_c^2]."""
-        power = self.k_sq / self.tokens
+        """E[k'_c^2] over the context's positions, k' = k - key_mean when centred, else k."""
+        power = self._turned_power(self.k_pairs / self.tokens)
         return power - self.key_mean**2 if centred else power
+
+    @property
+    def query_power(self) -> torch.Tensor:
+        """E[q_c^2] over the context's positions."""
+        return self._turned_power(self.q_pairs / self.tokens)
 
     def value_power(self, centred: bool) -> torch.Tensor:
         power = self.v_sq / self.tokens
@@ -83,18 +122,38 @@ class ChannelStats:
 
     def key_scale(self, centred: bool) -> torch.Tensor:
         """s_c = (E[k'_c^2] / E[q_c^2])^(1/4), normalized to geometric mean 1 per head."""
-        return _balanced_scale(self.key_power(centred), self.q_sq / self.tokens)
+        return _balanced_scale(self.key_power(centred), self.query_power)
 
     def value_scale(self, centred: bool) -> torch.Tensor:
         """s_c = (E[v'_c^2] / w_c)^(1/4), normalized to geometric mean 1 per head."""
         return _balanced_scale(self.value_power(centred), self.value_weight)
 
     def key_outliers(self, n_hi: int, centred: bool) -> torch.Tensor:
-        return _largest((self.key_power(centred).clamp_min(0) * self.q_sq).sqrt(), n_hi)
+        return _largest((self.key_power(centred).clamp_min(0) * self.query_power).sqrt(), n_hi)
 
     def value_outliers(self, n_hi: int, centred: bool, scaled: bool) -> torch.Tensor:
         power = self.value_power(centred).clamp_min(0)
         return _largest((power * self.value_weight).sqrt() if scaled else power, n_hi)
+
+    def _angles(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of every pair's angle at positions 0 .. context - 1, [context, d/2]."""
+        angle = torch.arange(self.context, dtype=torch.float64)[:, None] * self.inv_freq
+        return angle.cos(), angle.sin()
+
+    def _turned_power(self, pairs: torch.Tensor) -> torch.Tensor:
+        """Per channel, the mean square after RoPE over the context, from the pairs' second moments
+        [H, d/2, 3] with RoPE undone: a' = a cos - b sin, b' = b cos + a sin."""
+        cos, sin = self._angles()
+        cc, ss, cs = (cos * cos).mean(dim=0), (sin * sin).mean(dim=0), (cos * sin).mean(dim=0)
+        aa, bb, ab = pairs.unbind(dim=-1)
+        return torch.cat([aa * cc + bb * ss - 2 * ab * cs, bb * cc + aa * ss + 2 * ab * cs], dim=-1)
+
+
+def _pair_products(x: torch.Tensor) -> torch.Tensor:
+    """[..., d] -> [..., d/2, 3]: a^2, b^2, a b of each rotate-half pair (a, a + d/2)."""
+    half = x.shape[-1] // 2
+    a, b = x[..., :half], x[..., half:]
+    return torch.stack([a * a, b * b, a * b], dim=-1)
 
 
 def _balanced_scale(power: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -70,12 +70,16 @@ def default_calibration_text() -> tuple[str, str]:
               default=CalibrationOptions.rotary_pairs, show_default=True,
               help="Channel pairs per KV head whose pre-RoPE key mean is subtracted as RoPE turns it "
                    "(restored exactly at attention time); 0 turns it off.")
+@click.option("--stats-context", type=click.IntRange(min=1), default=CalibrationOptions.stats_context,
+              show_default=True,
+              help="Positions the key and query statistics stand for (RoPE turns queries and keys "
+                   "further at later positions).")
 @click.option("--seed", type=click.IntRange(0, 2**31), default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
 @clean_errors
 def main(family, kv_bits, checkpoint, calib_text, backend, output, oblivious, sink_tokens,
          recent_tokens, key_mean, key_scale, value_mean, value_scale, per_layer, calib_windows,
-         retrieval_windows, page_shift, rotary_pairs, seed, as_json):
+         retrieval_windows, page_shift, rotary_pairs, stats_context, seed, as_json):
     family = get_family(family).name
     key_w, value_w = parse_kv_bits(kv_bits)
     if min(key_w, value_w) < MIN_WIDTH:
@@ -106,7 +110,8 @@ def main(family, kv_bits, checkpoint, calib_text, backend, output, oblivious, si
                                   value_scale=value_scale, sink_tokens=sink_tokens,
                                   recent_tokens=recent_tokens, per_layer=per_layer,
                                   windows=calib_windows, retrieval_windows=retrieval_windows,
-                                  page_shift=page_shift, rotary_pairs=rotary_pairs, seed=seed)
+                                  page_shift=page_shift, rotary_pairs=rotary_pairs,
+                                  stats_context=stats_context, seed=seed)
         table = calibrate(loaded, text, tag, opts, source=source, progress=not as_json)
     manifest = write_engine(output, family, checkpoint, backend, table)
     if as_json:
