@@ -38,8 +38,8 @@ def test_select_pairs_takes_the_largest_and_states_them_at_the_offset(gen):
     pre[0, [3, 3 + 32, 20]] = torch.tensor([5.0, 1.0, 4.0], dtype=torch.float64)
     pre[1, 7 + 32] = -3.0
     rotary = select_pairs(pre, INV_FREQ, 2)
-    assert rotary.channels[0].tolist() == [[3, 35], [20, 52]]
-    assert rotary.channels[1, :, 0].tolist().count(7) == 1
+    assert rotary.channels[0].tolist() == [3, 20]
+    assert rotary.channels[1].tolist().count(7) == 1
     assert torch.equal(rotary.freq[0], INV_FREQ[[3, 20]])
     shifted = select_pairs(pre, INV_FREQ, 2, offset=9)
     positions = torch.arange(40)
@@ -77,6 +77,8 @@ def test_the_rotary_mean_removes_what_a_constant_mean_cannot(gen):
 
 def test_mismatched_shapes_and_too_many_pairs_are_refused():
     with pytest.raises(TQError, match="shape"):
-        RotaryMean(torch.zeros(2, 3, 2, dtype=torch.int64), torch.ones(2, 3), torch.zeros(2, 4, 2))
+        RotaryMean(torch.zeros(2, 3, dtype=torch.int64), torch.ones(2, 3), torch.zeros(2, 4, 2))
+    with pytest.raises(TQError, match="shape"):  # both channels of each pair: a is enough
+        RotaryMean(torch.zeros(2, 3, 2, dtype=torch.int64), torch.ones(2, 3), torch.zeros(2, 3, 2))
     with pytest.raises(TQError, match="at most 16"):
-        RotaryMean(torch.zeros(1, 17, 2, dtype=torch.int64), torch.ones(1, 17), torch.zeros(1, 17, 2))
+        RotaryMean(torch.arange(17)[None], torch.ones(1, 17), torch.zeros(1, 17, 2))

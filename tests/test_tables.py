@@ -21,7 +21,7 @@ def calibrated_table(gen) -> KVTable:
                    key_outliers=torch.stack([torch.randperm(64, generator=gen)[:32].sort().values
                                              for _ in range(2)]),
                    page_lse_shift=torch.rand(4, generator=gen) * 0.3,
-                   key_rotary_channels=torch.stack([a, a + 32], dim=-1),
+                   key_rotary_channels=a,
                    key_rotary_freq=torch.rand(2, 3, generator=gen) + 0.01,
                    key_rotary_mean=torch.randn(2, 3, 2, generator=gen)),
         LayerTable(2.0, 2.5, 8, value_mean=torch.randn(2, 64, generator=gen),
@@ -103,10 +103,12 @@ def _rewrite_header(path, edit):
     (lambda h, t: t.update({"layers.1.page_lse_shift": torch.full((4,), 9.0)}), "outside"),
     (lambda h, t: t.update({"layers.1.page_lse_shift": torch.full((4,), float("nan"))}), "NaN"),
     (lambda h, t: t.pop("layers.0.key_rotary_freq"), "rotary mean is incomplete"),
-    (lambda h, t: t.update({"layers.0.key_rotary_channels": torch.tensor([[[0, 1]] * 3] * 2)}),
+    (lambda h, t: t.update({"layers.0.key_rotary_channels": torch.tensor([[0, 0, 1]] * 2)}),
+     "not distinct rotate-half pairs"),
+    (lambda h, t: t.update({"layers.0.key_rotary_channels": torch.tensor([[0, 32, 1]] * 2)}),
      "not distinct rotate-half pairs"),
     (lambda h, t: t.update({"layers.0.key_rotary_channels": torch.tensor([[[0, 32]] * 3] * 2)}),
-     "not distinct rotate-half pairs"),
+     r"channels of shape \[2, 3\]"),
     (lambda h, t: t.update({"layers.0.key_rotary_freq": torch.full((2, 3), 4.0)}), r"outside \(0, pi\]"),
     (lambda h, t: t.update({"layers.0.key_rotary_mean": torch.full((2, 3, 2), float("inf"))}), "NaN/Inf"),
     (lambda h, t: t.update({"layers.0.key_rotary_mean": torch.zeros(2, 4, 2)}), r"shape \[2, 3, 2\]"),
@@ -123,10 +125,9 @@ def test_damaged_header_or_tensors_are_refused(tmp_path, gen, edit, message):
 
 
 def test_side_bytes_count_means_and_scales_at_fp32_and_outliers_at_one_byte(gen):
-    # layer 0: key mean, key scale, 32 key outliers, 4 shifts, 3 rotary pairs (two one-byte
-    # channels, fp32 frequency and mean pair each); layer 1: value mean, value scale, 32 value
-    # outliers
-    rotary = 2 * 3 * (2 + 4 + 2 * 4)
+    # layer 0: key mean, key scale, 32 key outliers, 4 shifts, 3 rotary pairs (a one-byte channel,
+    # fp32 frequency and mean pair each); layer 1: value mean, value scale, 32 value outliers
+    rotary = 2 * 3 * (1 + 4 + 2 * 4)
     assert calibrated_table(gen).side_bytes() == 2 * (2 * 2 * 64 * 4 + 2 * 32) + 4 * 4 + rotary
 
 

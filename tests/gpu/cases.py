@@ -19,7 +19,7 @@ def make_rotary(head_dim: int, heads: int, gen: torch.Generator) -> RotaryMean:
     a = torch.stack([torch.randperm(half, generator=gen)[:pairs] for _ in range(heads)])
     freq = (10000.0 ** (-2.0 * a.double() / head_dim)).float().double()
     mean = torch.randn(heads, pairs, 2, generator=gen).double()
-    return RotaryMean(torch.stack([a, a + half], dim=-1), freq, mean)
+    return RotaryMean(a, freq, mean)
 
 
 def make_codec(head_dim: int, width: float, heads: int, gen: torch.Generator, seed: int,

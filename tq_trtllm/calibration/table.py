@@ -10,7 +10,7 @@ from ..core.quantizer import VectorCodec
 from ..core.rotary_mean import RotaryMean
 from ..core.spec import CodecSpec
 
-TABLE_VERSION = 1
+TABLE_VERSION = 2
 MAX_RECENT_TOKENS = 64  # the recent window's bound (tables, tq-build)
 # a shift of 4 would mean logit noise of std ~2.8, far beyond any width the format has: a table
 # that holds more is damaged
@@ -25,7 +25,7 @@ class LayerTable:
     outliers [kv_heads, n_hi] int64 (fractional widths only). None means the format's default.
     page_lse_shift [heads] float32, per query head: what the runtime subtracts from the pages'
     log-sum-exp (calibration/page_mass.py); None: nothing. key_rotary_*: the keys' RotaryMean
-    (channels int64 [kv_heads, P, 2], freq float32 [kv_heads, P], mean float32 [kv_heads, P, 2]),
+    (channels int64 [kv_heads, P], freq float32 [kv_heads, P], mean float32 [kv_heads, P, 2]),
     all three or none."""
 
     key_width: float

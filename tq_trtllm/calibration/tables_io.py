@@ -115,8 +115,8 @@ def _from_header(header: dict, tensors: dict) -> KVTable:
 
 
 def _check_rotary(layer: LayerTable, head_dim: int, index: int) -> None:
-    """The three rotary tensors come together, name rotate-half pairs (a, a + head_dim / 2) of
-    distinct channels, and hold finite means and frequencies in (0, pi]."""
+    """The three rotary tensors come together, name distinct rotate-half pairs (a, a + head_dim / 2)
+    by their a, and hold finite means and frequencies in (0, pi]."""
     present = [getattr(layer, name) is not None for name in LayerTable.ROTARY]
     if not any(present):
         return
@@ -131,9 +131,8 @@ def _check_rotary(layer: LayerTable, head_dim: int, index: int) -> None:
     except TQError as err:
         raise TQError(f"{where}: {err}") from None
     half = head_dim // 2
-    a, b = channels[..., 0], channels[..., 1]
-    if (a < 0).any() or (a >= half).any() or not torch.equal(b, a + half) or \
-            any(len(set(row.tolist())) != len(row) for row in a):
+    if (channels < 0).any() or (channels >= half).any() or \
+            any(len(set(row.tolist())) != len(row) for row in channels):
         raise TQError(f"{where} names channels that are not distinct rotate-half pairs (a, a + "
                       f"{half}) with a in 0..{half - 1}")
     if not torch.isfinite(mean).all() or not ((freq > 0) & (freq <= math.pi)).all():

@@ -24,8 +24,8 @@ MAX_ROTARY_PAIRS = 16  # the kernels' limit (tq_kernels.h TQ_MAX_ROTARY_PAIRS)
 
 @dataclass
 class RotaryMean:
-    """Per KV head, P channel pairs: channels int64 [H, P, 2] (a, b), freq [H, P] radians per
-    position, mean [H, P, 2] (m_a, m_b) at packed position 0."""
+    """Per KV head, P rotate-half channel pairs (a, a + head_dim / 2): channels int64 [H, P] (each
+    pair's a), freq [H, P] radians per position, mean [H, P, 2] (m_a, m_b) at packed position 0."""
 
     channels: torch.Tensor
     freq: torch.Tensor
@@ -33,9 +33,10 @@ class RotaryMean:
 
     def __post_init__(self):
         heads, pairs = self.freq.shape
-        if tuple(self.channels.shape) != (heads, pairs, 2) or tuple(self.mean.shape) != (heads, pairs, 2):
-            raise TQError(f"a rotary mean needs channels and mean of shape [{heads}, {pairs}, 2], got "
-                          f"{list(self.channels.shape)} and {list(self.mean.shape)}")
+        if tuple(self.channels.shape) != (heads, pairs) or tuple(self.mean.shape) != (heads, pairs, 2):
+            raise TQError(f"a rotary mean needs channels of shape [{heads}, {pairs}] and a mean of shape "
+                          f"[{heads}, {pairs}, 2], got {list(self.channels.shape)} and "
+                          f"{list(self.mean.shape)}")
         if pairs > MAX_ROTARY_PAIRS:
             raise TQError(f"a rotary mean has {pairs} pairs; at most {MAX_ROTARY_PAIRS} are supported")
 
@@ -46,8 +47,13 @@ class RotaryMean:
         m = self.mean.to(positions.device, torch.float64)
         turned = torch.stack([m[..., 0] * cos - m[..., 1] * sin, m[..., 1] * cos + m[..., 0] * sin], -1)
         out = torch.zeros(*angle.shape[:-1], head_dim, dtype=torch.float64, device=positions.device)
-        index = self.channels.to(positions.device).flatten(-2).expand(*angle.shape[:-1], -1)
+        index = pair_channels(self.channels.to(positions.device), head_dim).expand(*angle.shape[:-1], -1)
         return out.scatter_(-1, index, turned.flatten(-2))
+
+
+def pair_channels(first: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """[..., P] channels a -> [..., 2P]: a_0, a_0 + d/2, a_1, a_1 + d/2, ..."""
+    return torch.stack([first, first + head_dim // 2], dim=-1).flatten(-2)
 
 
 def pre_rope(key: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
@@ -70,11 +76,11 @@ def select_pairs(pre_mean: torch.Tensor, inv_freq: torch.Tensor, pairs: int,
     half = d // 2
     energy = pre_mean[:, :half] ** 2 + pre_mean[:, half:] ** 2
     chosen = energy.topk(pairs, dim=-1).indices.sort(dim=-1).values  # [H, P]
-    channels = torch.stack([chosen, chosen + half], dim=-1)
+    index = pair_channels(chosen, d)
     freq = inv_freq.to(torch.float64)[chosen]
-    mean = torch.gather(pre_mean.to(torch.float64), 1, channels.flatten(1)).view(heads, pairs, 2)
-    at_zero = RotaryMean(channels, freq, mean)
+    mean = torch.gather(pre_mean.to(torch.float64), 1, index).view(heads, pairs, 2)
+    at_zero = RotaryMean(chosen, freq, mean)
     if offset == 0:
         return at_zero
     turned = at_zero.vectors(torch.tensor(offset), d)  # [H, d]
-    return RotaryMean(channels, freq, torch.gather(turned, 1, channels.flatten(1)).view(heads, pairs, 2))
+    return RotaryMean(chosen, freq, torch.gather(turned, 1, index).view(heads, pairs, 2))

@@ -58,10 +58,7 @@ class DeviceCodec:
         s.scale = self.scale.data_ptr() if self.scale is not None else None
         rotary = codec.rotary
         if rotary is not None:  # tq_codec.rotary_*: channel a of each pair, frequency, mean
-            if not torch.equal(rotary.channels[..., 1], rotary.channels[..., 0] + d // 2):
-                raise TQError("the kernels take rotary means over rotate-half pairs (a, a + "
-                              "head_dim / 2) only")
-            self.rotary = (rotary.channels[..., 0].to(device, torch.int32).contiguous(),
+            self.rotary = (rotary.channels.to(device, torch.int32).contiguous(),
                            rotary.freq.to(device, torch.float32).contiguous(),
                            rotary.mean.to(device, torch.float32).contiguous())
             s.rotary_pairs = rotary.freq.shape[-1]

@@ -72,7 +72,7 @@ def calibration_table_bytes(key: VectorCodec, value: VectorCodec, *, layer_idx: 
     if rotary is not None:
         flags |= ROTARY_FLAG
         payload += struct.pack("<i", rotary.freq.shape[-1])
-        payload += rotary.channels[..., 0].cpu().numpy().astype("<i4").tobytes()
+        payload += rotary.channels.cpu().numpy().astype("<i4").tobytes()
         payload += rotary.freq.cpu().numpy().astype("<f4").tobytes()
         payload += rotary.mean.cpu().numpy().astype("<f4").tobytes()
     header = HEADER.pack(TABLE_MAGIC, TABLE_VERSION, FORMAT_VERSION, HEADER.size, fingerprint & (2**64 - 1),
