@@ -40,10 +40,8 @@ __global__ void __launch_bounds__(32 * kVectorWarps) dequantize_kernel(DequantAr
   warp_fwht<E>(y, gl.dim);  // the orthonormal Hadamard transform is its own inverse
   const float norm = norm_at(page, l, g, slot);
   int ch[E];
-  float rot[E] = {};
-#pragma unroll
-  for (int e = 0; e < E; ++e) ch[e] = channel_of(l, head, lane * E + e);
-  if (l.rotary_pairs) rotary_channels<E>(l, head, pos, ch, rot);
+  float rot[E];
+  lane_channels<E>(l, head, pos, ch, rot);
 #pragma unroll
   for (int e = 0; e < E; ++e) {
     const float z = y[e] * norm * rotation_sign(l.seed, lane * E + e);

@@ -58,12 +58,15 @@ __device__ inline float2 rotary_turn(int pos, float freq) {
   return make_float2(c, s);
 }
 
-// The rotary mean R(pos) m of `head` on E channels ch[e] of each lane (0 outside its pairs); the
-// whole warp calls this: lane i < rotary_pairs turns pair i, the others read it by shuffles.
+// This lane's E coordinates of the permuted vector (FORMAT.md steps 1-2): their channels ch[e] and
+// the rotary mean R(pos) m of `head` on them (0 outside its pairs, or without one). The whole warp
+// calls this: lane i < rotary_pairs turns pair i, the others read it by shuffles.
 template <int E>
-__device__ inline void rotary_channels(const CodecLayout& l, int head, int pos, const int (&ch)[E],
-                                       float (&rot)[E]) {
+__device__ inline void lane_channels(const CodecLayout& l, int head, int pos, int (&ch)[E], float (&rot)[E]) {
   const int lane = threadIdx.x & 31, half = l.head_dim / 2;
+#pragma unroll
+  for (int e = 0; e < E; ++e) ch[e] = channel_of(l, head, lane * E + e), rot[e] = 0.0f;
+  if (!l.rotary_pairs) return;
   int a = -1;
   float ra = 0.0f, rb = 0.0f;
   if (lane < l.rotary_pairs) {
@@ -74,8 +77,6 @@ __device__ inline void rotary_channels(const CodecLayout& l, int head, int pos, 
     ra = m0 * cs.x - m1 * cs.y;
     rb = m1 * cs.x + m0 * cs.y;
   }
-#pragma unroll
-  for (int e = 0; e < E; ++e) rot[e] = 0.0f;
   for (int i = 0; i < l.rotary_pairs; ++i) {
     const int ai = __shfl_sync(0xffffffffu, a, i);
     const float rai = __shfl_sync(0xffffffffu, ra, i), rbi = __shfl_sync(0xffffffffu, rb, i);

@@ -29,10 +29,8 @@ __device__ inline void encode_vector(const CodecLayout& l, int head, const T* x,
   const int slot = pos % l.tokens;
   // Steps 1-3: z = (x - rot(pos) - mean) / scale, permuted, sign-flipped.
   int ch[E];
-  float rot[E] = {};
-#pragma unroll
-  for (int e = 0; e < E; ++e) ch[e] = channel_of(l, head, lane * E + e);
-  if (l.rotary_pairs) rotary_channels<E>(l, head, pos, ch, rot);
+  float rot[E];
+  lane_channels<E>(l, head, pos, ch, rot);
   float p[E];
 #pragma unroll
   for (int e = 0; e < E; ++e)
