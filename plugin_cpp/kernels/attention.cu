@@ -129,15 +129,17 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
   float2 rot_w[NR][2][2] = {};
   if (rot_steps)
 #pragma unroll
-    for (int nr = 0; nr < NR; ++nr)
+    for (int nr = 0; nr < NR; ++nr) {
+      const T* qv = query_row<D, T>(a, b, kvh, row0 + 8 * nr + g4);
 #pragma unroll
       for (int s = 0; s < 2; ++s)
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
           const int i = 8 * s + 2 * tig + u;
-          const float2 z = rotary_z<D, T>(a, b, kvh, row0 + 8 * nr + g4, i);
+          const float2 z = rotary_z<D, T>(a, kvh, qv, i);
           rot_w[nr][s][u] = turn_by(z, rotary_turn(split_begin + warp * kChunk, rotary_freq(a, kvh, i)));
         }
+    }
   __syncthreads();
 
   // Query B fragments, held in registers for the whole loop. In k step st of group g, this
@@ -167,12 +169,12 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
   float2* rot_turn = reinterpret_cast<float2*>(smem + plan.q_half + kRotTableBytes);
   if (rot_steps) {
     __syncthreads();  // every warp holds its query fragments
-    for (int idx = threadIdx.x; idx < kChunk * TQ_MAX_ROTARY_PAIRS; idx += 32 * kWarps) {
-      const int j = idx / TQ_MAX_ROTARY_PAIRS, i = idx % TQ_MAX_ROTARY_PAIRS;
-      store_turn_hi_lo(rot_e + j * kRotLd, rot_e + (kChunk + j) * kRotLd, i, small_turn(j, rotary_freq(a, kvh, i)));
-    }
-    if (threadIdx.x < TQ_MAX_ROTARY_PAIRS)
-      rot_turn[threadIdx.x] = rotary_turn(kWarps * kChunk, rotary_freq(a, kvh, threadIdx.x));
+    const int i = threadIdx.x % TQ_MAX_ROTARY_PAIRS;  // this thread's pair, the same in every row
+    const float f = rotary_freq(a, kvh, i);
+    constexpr int kRowStep = 32 * kWarps / TQ_MAX_ROTARY_PAIRS;
+    for (int j = threadIdx.x / TQ_MAX_ROTARY_PAIRS; j < kChunk; j += kRowStep)
+      store_turn_hi_lo(rot_e + j * kRotLd, rot_e + (kChunk + j) * kRotLd, i, small_turn(j, f));
+    if (threadIdx.x < TQ_MAX_ROTARY_PAIRS) rot_turn[i] = rotary_turn(kWarps * kChunk, f);
     __syncthreads();
   }
 
@@ -522,7 +524,7 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(AttnArgs a, int
   const int b = int(item / a.rows / heads);
   const int64_t base = ws_slot(a, b, kvh, r, 0);
   const int j = r / a.group, hq = kvh * a.group + r % a.group;
-  const int64_t row = (int64_t(b) * a.q_len + j) * a.num_q_heads + hq;
+  const int64_t row = query_row_index(a, b, kvh, r);
   const T* qv = static_cast<const T*>(a.q) + row * D;
   // q . key mean (original channels): the splits' scores leave it out; the own score and the
   // log-sum-exp need it.

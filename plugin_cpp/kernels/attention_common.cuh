@@ -132,15 +132,25 @@ __host__ __device__ inline int64_t ws_slot(const AttnArgs& a, int b, int kvh, in
 constexpr int kRotLd = 2 * TQ_MAX_ROTARY_PAIRS + 8;
 __host__ __device__ inline int rot_col(int i) { return 16 * (i / 8) + i % 8; }
 
-// z_i of query row r times q_scale (zero for a padding row or a pair beyond rotary_pairs):
+// Query row r of KV head kvh in sequence b (token r / group of the call, query head
+// kvh * group + r % group): its index among the call's [batch][q_len][num_q_heads] rows.
+__device__ inline int64_t query_row_index(const AttnArgs& a, int b, int kvh, int r) {
+  return (int64_t(b) * a.q_len + r / a.group) * a.num_q_heads + kvh * a.group + r % a.group;
+}
+
+// That row's vector; nullptr for a padding row (r >= rows).
+template <int D, typename T>
+__device__ inline const T* query_row(const AttnArgs& a, int b, int kvh, int r) {
+  return r < a.rows ? static_cast<const T*>(a.q) + query_row_index(a, b, kvh, r) * D : nullptr;
+}
+
+// z_i of query row qv times q_scale (zero for a padding row or a pair beyond rotary_pairs):
 // Re z = q[a] m + q[a + D/2] m', Im z = q[a] m' - q[a + D/2] m for pair i = (a, a + D/2).
 template <int D, typename T>
-__device__ inline float2 rotary_z(const AttnArgs& a, int b, int kvh, int r, int i) {
+__device__ inline float2 rotary_z(const AttnArgs& a, int kvh, const T* qv, int i) {
   const CodecLayout& kc = a.cache.codec[0];
-  if (i >= kc.rotary_pairs || r >= a.rows) return make_float2(0.0f, 0.0f);
+  if (i >= kc.rotary_pairs || !qv) return make_float2(0.0f, 0.0f);
   const int k = kvh * kc.rotary_pairs + i, ch = kc.rotary_channel[k];
-  const T* qv = static_cast<const T*>(a.q) +
-                ((int64_t(b) * a.q_len + r / a.group) * a.num_q_heads + kvh * a.group + r % a.group) * D;
   const float qa = to_float(qv[ch]) * a.q_scale, qb = to_float(qv[ch + D / 2]) * a.q_scale;
   const float m0 = kc.rotary_mean[2 * k], m1 = kc.rotary_mean[2 * k + 1];
   return make_float2(qa * m0 + qb * m1, qa * m1 - qb * m0);
@@ -184,9 +194,7 @@ __device__ inline void rotated_query_row(const AttnArgs& a, int b, int kvh, int 
   constexpr int E = D / 32;
   const int lane = threadIdx.x & 31;
   const CodecLayout& kl = a.cache.codec[0];
-  if (r < a.rows) {
-    const int j = r / a.group, hq = kvh * a.group + r % a.group;
-    const T* qv = static_cast<const T*>(a.q) + ((int64_t(b) * a.q_len + j) * a.num_q_heads + hq) * D;
+  if (const T* qv = query_row<D, T>(a, b, kvh, r)) {
 #pragma unroll
     for (int e = 0; e < E; ++e) {
       const int pj = lane * E + e;

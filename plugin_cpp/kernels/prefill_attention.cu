@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(32 * kPrefillWarps, kPrefillCtasPerSm) prefill
   if (rot_steps)  // the rotary mean's (Re z, -Im z) row of each query row (attention_common.cuh)
     for (int idx = threadIdx.x; idx < kPrefillRows * TQ_MAX_ROTARY_PAIRS; idx += 32 * kPrefillWarps) {
       const int rr = idx / TQ_MAX_ROTARY_PAIRS, i = idx % TQ_MAX_ROTARY_PAIRS;
-      const float2 z = rotary_z<D, T>(a, b, kvh, row0 + rr, i);
+      const float2 z = rotary_z<D, T>(a, kvh, query_row<D, T>(a, b, kvh, row0 + rr), i);
       rot_q[rr * kRotLd + rot_col(i)] = __float2half_rn(z.x);
       rot_q[rr * kRotLd + rot_col(i) + 8] = __float2half_rn(-z.y);
     }
