@@ -161,6 +161,7 @@ def test_calibrated_table_is_sane(loaded):
                                 (layer.value_width, layer.value_outliers)):
             assert (outliers is None) == float(width).is_integer()
     assert table.calibration["source"] == "tiny" and "fisher_costs" in table.calibration
+    assert table.calibration["stats_context"] == 256  # the default 2,048, cut to the model's limit
 
 
 def test_value_scale_option_reaches_the_value_codec(loaded):

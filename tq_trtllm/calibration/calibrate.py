@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from tqdm import tqdm
@@ -116,6 +116,8 @@ def calibrate(loaded: LoadedModel, text: str, kv_bits: str, opts: CalibrationOpt
     if windows.shape[0] < needed:
         raise TQError(f"the calibration text has too few tokens: at least {needed * opts.window} are "
                       "needed; give a longer --calib-text")
+    # positions beyond the model's limit never occur
+    opts = replace(opts, stats_context=min(opts.stats_context, loaded.max_context))
     stats = collect_stats(loaded.model, windows[: opts.windows], opts.sink_tokens, opts.stats_context,
                           progress)
     rotary = [None] * n_layers
