@@ -28,6 +28,7 @@ arithmetic.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import torch
 
@@ -79,7 +80,7 @@ class ChannelStats:
     def less(self, pre_mean: torch.Tensor) -> "ChannelStats":
         """The statistics of the keys less a constant vector in RoPE's frame at position 0,
         pre_mean [H, d] (a rotary key mean, which turns with the position after RoPE)."""
-        mean = self.k_sum / self.tokens
+        mean = self.pre_rope_key_mean
         half = mean.shape[-1] // 2
         m_a, m_b, x_a, x_b = pre_mean[:, :half], pre_mean[:, half:], mean[:, :half], mean[:, half:]
         # E[(a - m_a)(b - m_b)] = E[ab] - m_a E[b] - m_b E[a] + m_a m_b, and so on
@@ -98,7 +99,7 @@ class ChannelStats:
         """The post-RoPE key mean over the context's positions."""
         mean = self.pre_rope_key_mean
         half = mean.shape[-1] // 2
-        cos, sin = (t.mean(dim=0) for t in self._angles())
+        cos, sin = self._turn_averages[:2]
         a, b = mean[:, :half], mean[:, half:]
         return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
 
@@ -135,16 +136,19 @@ class ChannelStats:
         power = self.value_power(centred).clamp_min(0)
         return _largest((power * self.value_weight).sqrt() if scaled else power, n_hi)
 
-    def _angles(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of every pair's angle at positions 0 .. context - 1, [context, d/2]."""
+    @cached_property
+    def _turn_averages(self) -> tuple[torch.Tensor, ...]:
+        """The means over positions 0 .. context - 1 of cos, sin, cos^2, sin^2 and cos sin of
+        every pair's angle, [d/2] each: constants of inv_freq and context, which never change, so
+        computed once however many tables the calibration builds from these statistics."""
         angle = torch.arange(self.context, dtype=torch.float64)[:, None] * self.inv_freq
-        return angle.cos(), angle.sin()
+        cos, sin = angle.cos(), angle.sin()
+        return tuple(t.mean(dim=0) for t in (cos, sin, cos * cos, sin * sin, cos * sin))
 
     def _turned_power(self, pairs: torch.Tensor) -> torch.Tensor:
         """Per channel, the mean square after RoPE over the context, from the pairs' second moments
         [H, d/2, 3] with RoPE undone: a' = a cos - b sin, b' = b cos + a sin."""
-        cos, sin = self._angles()
-        cc, ss, cs = (cos * cos).mean(dim=0), (sin * sin).mean(dim=0), (cos * sin).mean(dim=0)
+        cc, ss, cs = self._turn_averages[2:]
         aa, bb, ab = pairs.unbind(dim=-1)
         return torch.cat([aa * cc + bb * ss - 2 * ab * cs, bb * cc + aa * ss + 2 * ab * cs], dim=-1)
 
