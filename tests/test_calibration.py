@@ -305,3 +305,11 @@ def test_calibrated_tables_carry_the_measured_page_shifts(loaded):
         assert torch.equal(got, want)
     plain = calibrate(loaded, text, "k2v3", CalibrationOptions(window=64, windows=2, page_shift=False))
     assert all(layer.page_lse_shift is None for layer in plain.layers)
+
+
+def test_a_rope_the_statistics_cannot_model_is_refused_with_the_way_out(loaded, monkeypatch):
+    from tq_trtllm.core.errors import TQError
+
+    monkeypatch.setattr(loaded.model.model.rotary_emb, "attention_scaling", 1.5, raising=False)
+    with pytest.raises(TQError, match="--oblivious"):
+        calibrate(loaded, tiny_text(200), "3", CalibrationOptions(window=64, windows=1))

@@ -63,8 +63,9 @@ def rotary_frequencies(model) -> torch.Tensor:
     rotary = getattr(model.model, "rotary_emb", None)
     if rotary is None or not hasattr(rotary, "inv_freq"):
         raise TQError("the model has no rotary embedding with inverse frequencies (model.model."
-                      "rotary_emb.inv_freq); calibrate without the rotary key mean (--rotary-pairs 0)")
+                      "rotary_emb.inv_freq), which the calibration needs to relate its statistics "
+                      "to positions; use --oblivious (no calibration)")
     if float(getattr(rotary, "attention_scaling", 1.0)) != 1.0:
-        raise TQError("the model's RoPE scales cos and sin (attention_scaling != 1); calibrate "
-                      "without the rotary key mean (--rotary-pairs 0)")
+        raise TQError("the model's RoPE scales cos and sin (attention_scaling != 1), which the "
+                      "calibration's statistics do not model; use --oblivious (no calibration)")
     return rotary.inv_freq.detach().to("cpu", torch.float64)
