@@ -174,10 +174,9 @@ __device__ inline float2 small_turn(int j, float freq) {
 __device__ inline void store_turn_hi_lo(__half* hi_row, __half* lo_row, int i, float2 cs) {
 #pragma unroll
   for (int part = 0; part < 2; ++part) {
-    const float v = part ? cs.y : cs.x;
-    const __half hi = __float2half_rn(v);
-    hi_row[rot_col(i) + 8 * part] = hi;
-    lo_row[rot_col(i) + 8 * part] = __float2half_rn(v - __half2float(hi));
+    const HalfHiLo v = split_half(part ? cs.y : cs.x);
+    hi_row[rot_col(i) + 8 * part] = v.hi;
+    lo_row[rot_col(i) + 8 * part] = v.lo;
   }
 }
 

@@ -47,11 +47,19 @@ __device__ inline uint32_t pack_float2(float lo, float hi) {
   return pack_half2(__float2half_rn(lo), __float2half_rn(hi));
 }
 
-// (a, b) as fp16 pairs hi + lo, lo the rounding remainder: about 22 significant bits in two mma.
+// v as fp16 hi + lo, lo the rounding remainder: about 22 significant bits in two mma.
+struct HalfHiLo {
+  __half hi, lo;
+};
+__device__ inline HalfHiLo split_half(float v) {
+  const __half hi = __float2half_rn(v);
+  return {hi, __float2half_rn(v - __half2float(hi))};
+}
+// (a, b) as such fp16 pairs hi and lo.
 __device__ inline void split_half2(float a, float b, uint32_t& hi, uint32_t& lo) {
-  const __half ah = __float2half_rn(a), bh = __float2half_rn(b);
-  hi = pack_half2(ah, bh);
-  lo = pack_float2(a - __half2float(ah), b - __half2float(bh));
+  const HalfHiLo x = split_half(a), y = split_half(b);
+  hi = pack_half2(x.hi, y.hi);
+  lo = pack_half2(x.lo, y.lo);
 }
 
 __device__ inline void cp_async_16(void* smem, const void* gmem) {
