@@ -36,7 +36,6 @@ constexpr int kStages = 3;   // cp.async stages per warp: kChunk-token tiles in 
 constexpr int row_ntiles(int rows) { return rows <= 8 ? 1 : 2; }
 constexpr int ctas_per_sm(int nr) { return nr == 1 ? 4 : 3; }
 constexpr int kMergeWarps = 4;  // warps per query row in the merge pass
-constexpr int kMinSplitTokens = 256;  // 64 measured 2x slower at 1x4096 (docs/BENCHMARKS.md)
 constexpr float kLn2 = 0.6931471805599453f;
 
 // The rotary mean's tables, where the query rows were (they are in registers by then): the cos |
@@ -611,43 +610,115 @@ struct SplitPlan {
   int num_splits, split_tokens;
 };
 
-// Splits per (sequence, KV head, CTA row tile): as many CTAs as fill whole waves of the pass's
-// CTAs per SM (batch 1 at long context fills the GPU), each split at least kMinSplitTokens long.
-SplitPlan plan_splits(int batch, int q_len, int group, int num_kv_heads, int max_kv_len) {
+int sm_count() {
   static int sms = 0;
   if (!sms) {
     int dev = 0;
     cudaGetDevice(&dev);
     if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) sms = 132;
   }
+  return sms;
+}
+
+// The pass a call runs and its row tiles, before the split.
+SplitPlan pass_of(int q_len, int group) {
   SplitPlan p{};
   const int rows = q_len * group;
   p.prefill = rows > kPrefillMinRows;
   p.row_tiles = (rows + kRows - 1) / kRows;
   p.cta_tiles = p.prefill ? (rows + kPrefillRows - 1) / kPrefillRows : p.row_tiles;
-  const int64_t ctas = int64_t(batch) * num_kv_heads * p.cta_tiles;
-  const int64_t slots = int64_t(sms) * (p.prefill ? kPrefillCtasPerSm : ctas_per_sm(row_ntiles(rows)));
-  const int len = std::max(1, max_kv_len);
-  const int max_splits = std::max(1, len / kMinSplitTokens);
+  return p;
+}
+
+// A split is a whole number of steps of both passes: 4 warps x 32 tokens (the split pass: one tile
+// per warp), 128 tokens (the prefill pass).
+constexpr int kSplitStep = kWarps * kChunk;
+static_assert(kSplitStep % kTile == 0);
+// Split CTAs never exceed kMaxWaves waves of the pass (or one per sequence, KV head and CTA row
+// tile), which bounds the workspace (tq_attention_workspace_bytes).
+constexpr int kMaxWaves = 4;
+int64_t max_split_ctas(int64_t ctas, int resident) {
+  return std::max<int64_t>(ctas, int64_t(kMaxWaves) * sm_count() * resident);
+}
+
+// The split pass's cost model (docs/BENCHMARKS.md, session 10), in units of one warp's 32-token
+// tile, fitted to H200 timings of 3-bit d 128 decode (1 x 1,024 to 32 x 32,768 tokens, q_len 1
+// and 4, splits of 128 to 8,192 tokens): with t tiles per warp, the busiest SM's w CTAs cost
+// w (kPrologueTiles + 4 t (1 + kFewCtas / r)), r of them resident at once (each CTA's prologue,
+// the query rotation and the tables, costs as much as 9 tiles; fewer resident warps hide less
+// latency), and no less than one CTA's latency alone, kLonePrologue + kLoneTile t.
+constexpr double kPrologueTiles = 9.0, kFewCtas = 0.2, kLonePrologue = 4.5, kLoneTile = 5.5;
+
+// Split pass: steps per split of least modelled time (the most splits among equals).
+int split_pass_steps(int64_t ctas, int steps, int resident, int64_t cap) {
+  const int sms = sm_count();
+  int best = steps;
+  double best_cost = INFINITY;
+  for (int s = int(std::min<int64_t>(steps, cap / ctas)); s >= 1; --s) {
+    const int per = (steps + s - 1) / s;
+    const int64_t n = ctas * ((steps + per - 1) / per);
+    const int64_t w = (n + sms - 1) / sms;  // CTAs on the busiest SM
+    const double tile = 1.0 + kFewCtas / double(std::min<int64_t>(w, resident));
+    const double cost =
+        std::max(double(w) * (kPrologueTiles + kWarps * per * tile), kLonePrologue + kLoneTile * per);
+    if (cost < best_cost) best = per, best_cost = cost;
+  }
+  return best;
+}
+
+// Prefill pass: as many splits as fill whole waves of its CTAs (a long history at batch 1 fills the
+// GPU), each at least kPrefillMinSplitTokens long; steps per split. (The split pass's cost model
+// does not describe it: 256-row CTAs, one per SM.)
+constexpr int kPrefillMinSplitTokens = 256;
+int prefill_pass_steps(int64_t ctas, int len, int64_t cap) {
+  const int64_t slots = int64_t(sm_count()) * kPrefillCtasPerSm;
+  const int max_splits = std::max(1, len / kPrefillMinSplitTokens);
   int best = 1;
   double best_eff = 0.0;
   for (int s = 1; s <= std::min(max_splits, 1024); ++s) {
     const int64_t n = ctas * s;
+    if (n > cap) break;
     const double eff = double(n) / double((n + slots - 1) / slots * slots);
     if (eff > best_eff + 0.02) { best = s; best_eff = eff; }  // fewer splits unless clearly better
-    if (n >= 4 * slots) break;
   }
-  const int per = (len + best - 1) / best;
-  // a multiple of both passes' steps: 4 warps x 32 tokens (the split pass), 128 tokens (prefill)
-  static_assert(kWarps * kChunk % kTile == 0);
-  p.split_tokens = (per + kWarps * kChunk - 1) / (kWarps * kChunk) * (kWarps * kChunk);
-  p.num_splits = (len + p.split_tokens - 1) / p.split_tokens;
+  return ((len + best - 1) / best + kSplitStep - 1) / kSplitStep;
+}
+
+SplitPlan plan_splits(int batch, int q_len, int group, int num_kv_heads, int max_kv_len) {
+  SplitPlan p = pass_of(q_len, group);
+  const int64_t ctas = int64_t(batch) * num_kv_heads * p.cta_tiles;
+  const int len = std::max(1, max_kv_len), steps = (len + kSplitStep - 1) / kSplitStep;
+  const int resident = p.prefill ? kPrefillCtasPerSm : ctas_per_sm(row_ntiles(q_len * group));
+  const int64_t cap = max_split_ctas(ctas, resident);
+  const int per = p.prefill ? prefill_pass_steps(ctas, len, cap) : split_pass_steps(ctas, steps, resident, cap);
+  p.split_tokens = per * kSplitStep;
+  p.num_splits = (steps + per - 1) / per;
   return p;
 }
 
-size_t workspace_bytes(const SplitPlan& p, int batch, int num_kv_heads, int head_dim) {
-  const size_t slots = size_t(batch) * num_kv_heads * p.row_tiles * kRows * p.num_splits;
+size_t workspace_bytes(size_t slots, int head_dim) {
   return slots * head_dim * sizeof(float) + slots * sizeof(float2) + 16;
+}
+
+// Workspace slots (query rows x splits) of a plan.
+size_t plan_slots(const SplitPlan& p, int batch, int num_kv_heads) {
+  return size_t(batch) * num_kv_heads * p.row_tiles * kRows * p.num_splits;
+}
+
+// Slots enough for every call whose batch, q_len and max_kv_len are at most these (the TensorRT
+// plugin sizes its workspace once, for its profile's maxima), from the bounds on split CTAs: a
+// pass's CTAs n <= max_split_ctas, each split at least one step; a split-pass CTA keeps kRows
+// rows per split, a prefill CTA at most kPrefillRows.
+size_t slots_bound(int batch, int q_len, int group, int num_kv_heads, int max_kv_len) {
+  const int steps = (std::max(1, max_kv_len) + kSplitStep - 1) / kSplitStep;
+  const int split_q = std::min(q_len, std::max(1, kPrefillMinRows / group));  // the split pass's largest
+  const SplitPlan sp = pass_of(split_q, group);
+  int64_t bound = int64_t(kRows) * max_split_ctas(int64_t(batch) * num_kv_heads * sp.cta_tiles, ctas_per_sm(1));
+  const SplitPlan pp = pass_of(q_len, group);
+  if (pp.prefill)
+    bound = std::max(bound, int64_t(kPrefillRows) *
+                                max_split_ctas(int64_t(batch) * num_kv_heads * pp.cta_tiles, kPrefillCtasPerSm));
+  return size_t(std::min(bound, int64_t(batch) * num_kv_heads * pp.row_tiles * kRows * steps));
 }
 
 // The split kernel for these codecs: specialized for the common equal K/V integer widths.
@@ -746,7 +817,7 @@ tq_status attention(const char* name, int max_q_len, const tq_paged_cache* cache
     return fail(TQ_ERR_BAD_LENGTH, "%s: batch %d x %d tiles of %d query rows exceeds the grid "
                 "limit (65535); split the batch or the chunk", name, batch, sp.cta_tiles,
                 sp.prefill ? kPrefillRows : kRows);
-  const size_t need = workspace_bytes(sp, batch, heads, d);
+  const size_t slots = plan_slots(sp, batch, heads), need = workspace_bytes(slots, d);
   if (!workspace || ws_bytes < need)
     return fail(TQ_ERR_WORKSPACE, "%s: the workspace needs %zu bytes, got %zu%s", name, need,
                 ws_bytes, workspace ? "" : " (NULL)");
@@ -769,7 +840,6 @@ tq_status attention(const char* name, int max_q_len, const tq_paged_cache* cache
   a.num_splits = sp.num_splits;
   a.split_tokens = sp.split_tokens;
   a.q_scale = softmax_scale * kLog2e;
-  const size_t slots = size_t(batch) * heads * sp.row_tiles * kRows * sp.num_splits;
   a.ws_o = static_cast<float*>(workspace);
   a.ws_ml = reinterpret_cast<float2*>(a.ws_o + slots * d);
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
@@ -786,9 +856,9 @@ extern "C" size_t tq_attention_workspace_bytes(int32_t batch, int32_t q_len, int
                                                int32_t max_kv_len) {
   if (batch < 1 || q_len < 1 || num_kv_heads < 1 || num_q_heads < num_kv_heads || head_dim < 1)
     return 0;
-  const tq::SplitPlan p = tq::plan_splits(batch, q_len, num_q_heads / num_kv_heads, num_kv_heads,
-                                          std::max(0, max_kv_len));
-  return tq::workspace_bytes(p, batch, num_kv_heads, head_dim);
+  return tq::workspace_bytes(tq::slots_bound(batch, q_len, num_q_heads / num_kv_heads, num_kv_heads,
+                                             std::max(0, max_kv_len)),
+                             head_dim);
 }
 
 extern "C" tq_status tq_decode_attention(const tq_paged_cache* cache, const void* k_new,

@@ -5,7 +5,8 @@ import torch
 
 from tq_trtllm.core.attention import reference_attention
 from tq_trtllm.core.errors import TQError
-from tq_trtllm.kernels import KernelCache, decode_attention, prefill_attention, quantize_append
+from tq_trtllm.kernels import (KernelCache, decode_attention, prefill_attention, quantize_append,
+                               workspace_bytes)
 
 from .cases import make_cache, positions, twin
 
@@ -105,6 +106,27 @@ def test_decode_attention_longest_context(q_len, tables, gen):
     own = new_rows(1, q_len, 8, 128, torch.float16, gen)
     out = decode_attention(kc, q, torch.tensor([n]), n, own=own)
     check_against_reference(cache, table, q, out, [n], 128**-0.5, own)
+
+
+def test_the_workspace_of_the_largest_call_serves_every_smaller_one(gen):
+    """The TensorRT plugin sizes the workspace once, for its profile's largest batch, chunk and
+    length; a smaller call may split its keys more finely and must still fit in it."""
+    hq, hkv, d = 32, 8, 128
+    shapes = [(b, q, n) for b in (1, 2, 8, 32) for q in (1, 4, 8, 100)
+              for n in (1, 300, 4096, 32768, 131072)]
+    size = {s: workspace_bytes(*s[:2], hq, hkv, d, s[2]) for s in shapes}
+    for (b, q, n), need in size.items():
+        larger = min(v for (B, Q, N), v in size.items() if B >= b and Q >= q and N >= n)
+        assert larger >= need, (f"batch {b}, q_len {q}, {n} tokens need {need} bytes, a larger "
+                                f"call's size is {larger}")
+    # and a real call: 8 sequences at 32,768 tokens in the workspace sized for 32
+    n, batch = 32768, 8
+    cache, table, kc = make_cache(d, 3, 3, hkv, 64, [n] * batch, gen, spare_blocks=0)
+    fill(kc, [n] * batch, hkv, d, gen)
+    q = torch.randn(batch, 1, hq, d, generator=gen).half().cuda()
+    ws = torch.empty(workspace_bytes(32, 1, hq, hkv, d, n), dtype=torch.uint8, device="cuda")
+    out = decode_attention(kc, q, torch.tensor([n] * batch), n, workspace=ws)
+    check_against_reference(cache, table, q, out, [n] * batch, d**-0.5)
 
 
 PREFILL_CASES = [

@@ -142,8 +142,10 @@ tq_status tq_quantize_append(const tq_paged_cache* cache, const void* k, const v
  * outside the cache.
  * workspace: device memory of at least tq_attention_workspace_bytes(...) bytes, 16-byte aligned,
  * for the partial softmax states of the split-KV passes; not shared between concurrent calls.
- * The split count (hence the size) depends on the arguments and on the current device's SM count:
- * query the size on the device that runs the attention.
+ * The size queried for (batch, q_len, max_kv_len) serves every call whose batch, q_len and
+ * max_kv_len are at most those (same heads and head_dim), so one allocation for the largest call
+ * serves all. It depends on the current device's SM count: query it on the device that runs the
+ * attention.
  * Limits: batch x ceil(q_len x group / 16) <= 65535. Returns 0 for invalid arguments.
  * decode: q_len 1..TQ_MAX_DECODE_Q_LEN; prefill: any q_len >= 1 (a chunk of new tokens), same
  * contract and the same kernels. */
