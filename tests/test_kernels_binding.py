@@ -55,6 +55,21 @@ def test_library_refuses_unsupported_head_dim():
 
 
 @needs_library
+def test_the_workspace_of_the_largest_call_serves_every_smaller_one():
+    """The TensorRT plugin sizes the attention workspace once, for its profile's largest batch,
+    chunk and length; a smaller call may split its keys more finely and must still fit. (The split
+    plan needs the SM count: without a GPU the library plans for an H200's 132.)"""
+    hq, hkv, d = 32, 8, 128
+    shapes = [(b, q, n) for b in (1, 2, 8, 32) for q in (1, 4, 8, 100)
+              for n in (1, 300, 4096, 32768, 131072)]
+    size = {s: kernels.workspace_bytes(*s[:2], hq, hkv, d, s[2]) for s in shapes}
+    for (b, q, n), need in size.items():
+        larger = min(v for (B, Q, N), v in size.items() if B >= b and Q >= q and N >= n)
+        assert larger >= need, (f"batch {b}, q_len {q}, {n} tokens need {need} bytes, a larger "
+                                f"call's size is {larger}")
+
+
+@needs_library
 @pytest.mark.parametrize("fn_name", ["tq_decode_attention", "tq_prefill_attention"])
 def test_library_checks_lse_in_its_argument_position(fn_name):
     """A misaligned lse, or only one of k_new and v_new, is refused before anything touches the

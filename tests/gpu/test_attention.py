@@ -108,19 +108,11 @@ def test_decode_attention_longest_context(q_len, tables, gen):
     check_against_reference(cache, table, q, out, [n], 128**-0.5, own)
 
 
-def test_the_workspace_of_the_largest_call_serves_every_smaller_one(gen):
-    """The TensorRT plugin sizes the workspace once, for its profile's largest batch, chunk and
-    length; a smaller call may split its keys more finely and must still fit in it."""
-    hq, hkv, d = 32, 8, 128
-    shapes = [(b, q, n) for b in (1, 2, 8, 32) for q in (1, 4, 8, 100)
-              for n in (1, 300, 4096, 32768, 131072)]
-    size = {s: workspace_bytes(*s[:2], hq, hkv, d, s[2]) for s in shapes}
-    for (b, q, n), need in size.items():
-        larger = min(v for (B, Q, N), v in size.items() if B >= b and Q >= q and N >= n)
-        assert larger >= need, (f"batch {b}, q_len {q}, {n} tokens need {need} bytes, a larger "
-                                f"call's size is {larger}")
-    # and a real call: 8 sequences at 32,768 tokens in the workspace sized for 32
-    n, batch = 32768, 8
+def test_a_smaller_call_runs_in_the_workspace_of_a_larger_one(gen):
+    """The TensorRT plugin sizes the workspace once, for its profile's largest batch; 8 sequences
+    split their keys more finely than 32 do and must still fit (tests/test_kernels_binding.py
+    checks the sizes over many shapes)."""
+    hq, hkv, d, n, batch = 32, 8, 128, 32768, 8
     cache, table, kc = make_cache(d, 3, 3, hkv, 64, [n] * batch, gen, spare_blocks=0)
     fill(kc, [n] * batch, hkv, d, gen)
     q = torch.randn(batch, 1, hq, d, generator=gen).half().cuda()
