@@ -3,6 +3,7 @@ page sizes agree with the reference's PageLayout (tq_page_bytes needs no GPU eit
 host-side argument checks answer through the ctypes signatures."""
 
 import ctypes
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -67,6 +68,41 @@ def test_the_workspace_of_the_largest_call_serves_every_smaller_one():
         larger = min(v for (B, Q, N), v in size.items() if B >= b and Q >= q and N >= n)
         assert larger >= need, (f"batch {b}, q_len {q}, {n} tokens need {need} bytes, a larger "
                                 f"call's size is {larger}")
+
+
+# (batch, context, q heads, KV heads, head_dim, q_len) -> splits per sequence: the split plans
+# that the session-10 sweep on the H200 measured fastest, or within 1.3% of the fastest
+# (docs/BENCHMARKS.md, "Session 10"), on 132 SMs.
+MEASURED_SPLITS = {
+    (1, 1024, 32, 8, 128, 1): 8, (1, 2048, 32, 8, 128, 1): 16, (1, 4096, 32, 8, 128, 1): 16,
+    (1, 8192, 32, 8, 128, 1): 16, (1, 16384, 32, 8, 128, 1): 16, (1, 32768, 32, 8, 128, 1): 32,
+    (1, 65536, 32, 8, 128, 1): 32, (1, 131072, 32, 8, 128, 1): 49, (4, 32768, 32, 8, 128, 1): 8,
+    (8, 32768, 32, 8, 128, 1): 8, (16, 32768, 32, 8, 128, 1): 4, (32, 32768, 32, 8, 128, 1): 2,
+    (1, 4096, 9, 3, 64, 1): 32, (1, 131072, 9, 3, 64, 1): 86, (32, 32768, 9, 3, 64, 1): 4,
+    (1, 16384, 32, 8, 128, 4): 16, (8, 32768, 32, 8, 128, 4): 6,
+}
+
+
+@needs_library
+@pytest.mark.parametrize("shape", sorted(MEASURED_SPLITS))
+def test_the_split_plan_is_the_measured_fastest(shape):
+    """The split count shows in the workspace a call needs (16 rows of hd floats and one float2 per
+    split and row tile), which the library reports before it touches any device pointer."""
+    batch, context, hq, hkv, d, q_len = shape
+    codec = DeviceCodec(VectorCodec(CodecSpec(d, 3)), hkv, "cpu").struct
+    chunk = kernels.page_bytes(VectorCodec(CodecSpec(d, 3)), 64) * hkv
+    cache = TqPagedCache(k_pool=1 << 20, v_pool=1 << 21, k_chunk_bytes=chunk, v_chunk_bytes=chunk,
+                         block_table=1 << 22, max_blocks=context // 64, tokens_per_block=64,
+                         num_kv_heads=hkv, num_chunks=1, key=codec, value=codec)
+    lib = kernels.library()
+    status = lib.tq_decode_attention(ctypes.byref(cache), None, None, 0, 1 << 23, 1 << 24, None, 0,
+                                     1 << 26, context, batch, q_len, hq, 0.1, None, 0, None)
+    assert status == 7, lib.tq_last_error()  # TQ_ERR_WORKSPACE
+    need = int(re.search(rb"needs (\d+) bytes", lib.tq_last_error()).group(1))
+    row_tiles = -(-q_len * hq // hkv // 16)
+    slots = (need - 16) // (4 * d + 8)
+    assert slots % (batch * hkv * row_tiles * 16) == 0
+    assert slots // (batch * hkv * row_tiles * 16) == MEASURED_SPLITS[shape]
 
 
 @needs_library

@@ -649,18 +649,22 @@ int64_t max_split_ctas(int64_t ctas, int resident) {
 // latency), and no less than one CTA's latency alone, kLonePrologue + kLoneTile t.
 constexpr double kPrologueTiles = 9.0, kFewCtas = 0.2, kLonePrologue = 4.5, kLoneTile = 5.5;
 
-// Split pass: steps per split of least modelled time (the most splits among equals).
+// Split pass: steps per split of least modelled time (the most splits among equals). The cost
+// grows with the steps per split at a given count w of CTAs on the busiest SM, so the candidates
+// are the most splits that keep each w: a handful of plans, not one per split count.
 int split_pass_steps(int64_t ctas, int steps, int resident, int64_t cap) {
   const int sms = sm_count();
   int best = steps;
   double best_cost = INFINITY;
-  for (int s = int(std::min<int64_t>(steps, cap / ctas)); s >= 1; --s) {
-    const int per = (steps + s - 1) / s;
+  for (int64_t w = (cap + sms - 1) / sms; w >= 1; --w) {
+    const int64_t s = std::min<int64_t>({steps, w * sms / ctas, cap / ctas});
+    if (s < 1) continue;
+    const int per = int((steps + s - 1) / s);
     const int64_t n = ctas * ((steps + per - 1) / per);
-    const int64_t w = (n + sms - 1) / sms;  // CTAs on the busiest SM
-    const double tile = 1.0 + kFewCtas / double(std::min<int64_t>(w, resident));
+    const int64_t on_sm = (n + sms - 1) / sms;  // CTAs on the busiest SM: w or fewer
+    const double tile = 1.0 + kFewCtas / double(std::min<int64_t>(on_sm, resident));
     const double cost =
-        std::max(double(w) * (kPrologueTiles + kWarps * per * tile), kLonePrologue + kLoneTile * per);
+        std::max(double(on_sm) * (kPrologueTiles + kWarps * per * tile), kLonePrologue + kLoneTile * per);
     if (cost < best_cost) best = per, best_cost = cost;
   }
   return best;
