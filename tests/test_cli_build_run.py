@@ -119,6 +119,19 @@ def test_ppl_and_needle_commands(engine, calib_file):
             rows = [a for a in report["answers"] if a["length"] == length]
             assert all(isinstance(a[name], str) for a in rows)
             assert report[name][str(length)] == sum(a["key"] in a[name] for a in rows) / len(rows)
+    # running text as filler: each prompt its own stretch of it, the same keys as before
+    varied = invoke(tq_eval, "needle", "--engine", engine, "--lengths", "64,128", "--filler",
+                    calib_file, "--json")
+    assert varied.exit_code == 0, varied.output
+    varied = json.loads(varied.stdout)
+    assert varied["filler"] == str(calib_file) and report["filler"] == "repeated passage"
+    assert [a["key"] for a in varied["answers"]] == [a["key"] for a in report["answers"]]
+    starts = [a["filler_start"] for a in varied["answers"]]
+    assert len(set(starts)) == len(starts)
+    short = calib_file.parent / "short.txt"
+    short.write_text("the sky is blue")
+    assert_clean_error(invoke(tq_eval, "needle", "--engine", engine, "--lengths", "64", "--filler",
+                              short), "64-token prompts need at least as many")
     from tq_trtllm import kernels
 
     if not kernels.available():  # --device cuda where the kernels cannot run: a clear error

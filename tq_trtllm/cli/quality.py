@@ -9,7 +9,7 @@ import click
 
 from ..core.errors import TQError
 from ..eval.baselines import BASELINES
-from ..eval.corpus import EVALUATION_BOOK
+from ..eval.corpus import EVALUATION_BOOK, read_corpus
 from .common import clean_errors, device_option, place_model
 
 
@@ -51,7 +51,6 @@ def _open_engines(paths):
 @device_option
 @clean_errors
 def ppl(engines, baselines, corpus, max_tokens, window, as_json, device):
-    from ..eval.corpus import read_corpus
     from ..calibration.capture import token_windows
     from ..eval.perplexity import baseline_method, compare_caches, engine_method
 
@@ -90,11 +89,15 @@ def _lengths(text: str) -> list[int]:
 @click.option("--lengths", default="1024,2048,4096,8000", show_default=True,
               help="Comma-separated context lengths in tokens (at most the model's context).")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--filler", default=None,
+              help="Text file or austen:BOOK whose running text fills each prompt, a different "
+                   "stretch per prompt (default: one short passage repeated, as in every figure "
+                   "so far, whose prompts of one length answer alike).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object (with every prompt's answers under 'answers').")
 @device_option
 @clean_errors
-def needle(engine_dir, lengths, seed, as_json, device):
+def needle(engine_dir, lengths, seed, filler, as_json, device):
     from tqdm import tqdm
 
     from ..engine import open_engine
@@ -111,11 +114,16 @@ def needle(engine_dir, lengths, seed, as_json, device):
     factories = {"fp16": lambda: RoundtripCache("fp16", len(table.layers), table.head_dim),
                  "kv": lambda: TurboQuantCache(table, backend=backend)}
     bar = tqdm(total=len(lengths) * len(DEPTHS) * 2, desc="passkey prompts")  # stderr
+    corpus_ids, source = None, "repeated passage"
+    if filler is not None:
+        text, source = read_corpus(filler)
+        corpus_ids = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
     results, answers = passkey_accuracy(loaded.model, loaded.tokenizer, lengths, factories, seed,
-                                        progress=bar.update)
+                                        progress=bar.update, corpus_ids=corpus_ids)
     bar.close()
     out = {"lengths": lengths, "fp16": results["fp16"], "kv": results["kv"],
-           "equal": results["fp16"] == results["kv"], "depths": list(DEPTHS), "answers": answers}
+           "equal": results["fp16"] == results["kv"], "depths": list(DEPTHS), "filler": source,
+           "answers": answers}
     if as_json:
         click.echo(json.dumps(out))
         return

@@ -15,11 +15,14 @@ QUESTION = "\nWhat is the pass key? The pass key is"
 DEPTHS = (0.1, 0.5, 0.9)
 
 
-def passkey_prompt(tokenizer, length: int, depth: float, key: str) -> torch.Tensor:
-    """Token ids of about `length` tokens with the key sentence at relative `depth` of the filler."""
+def passkey_prompt(tokenizer, length: int, depth: float, key: str,
+                   filler_ids: list[int] | None = None) -> torch.Tensor:
+    """Token ids of about `length` tokens with the key sentence at relative `depth` of the filler;
+    filler_ids: the filler's tokens (repeated as needed), by default FILLER's."""
     needle = f" The pass key is {key}. Remember it. {key} is the pass key. "
     fixed = len(tokenizer(needle + QUESTION, add_special_tokens=False)["input_ids"])
-    filler_ids = tokenizer(FILLER, add_special_tokens=False)["input_ids"]
+    if filler_ids is None:
+        filler_ids = tokenizer(FILLER, add_special_tokens=False)["input_ids"]
     n_filler = max(0, length - fixed)
     filler = (filler_ids * (n_filler // len(filler_ids) + 1))[:n_filler]
     cut = int(len(filler) * depth)
@@ -34,22 +37,36 @@ def check_length(length: int, max_context: int, new_tokens: int) -> None:
 
 
 def passkey_accuracy(model, tokenizer, lengths, cache_factories: dict, seed: int = 0,
-                     depths=DEPTHS, progress=None) -> tuple[dict, list[dict]]:
+                     depths=DEPTHS, progress=None, corpus_ids: list[int] | None = None
+                     ) -> tuple[dict, list[dict]]:
     """cache_factories: name -> zero-argument cache factory. Returns (name -> {length: accuracy},
-    one row per prompt: its length, depth and key, and each cache's generated text by name)."""
+    one row per prompt: its length, depth and key, and each cache's generated text by name).
+
+    corpus_ids: tokens of running text; each prompt's filler is then its own stretch of it (the
+    row's filler_start), so the prompts of a length are not one filler with different keys, whose
+    answers move together (docs/QUALITY.md, session 10). None: FILLER repeated, as before."""
     use_turboquant_attention(model)
     max_context = int(getattr(model.config, "max_position_embeddings", 2048))
-    rng = random.Random(seed)
+    rng, filler_rng = random.Random(seed), random.Random(f"filler {seed}")
     results = {name: {} for name in cache_factories}
     answers = []
     for length in lengths:
         check_length(length, max_context, 8)
         trials = [{"length": length, "depth": depth, "key": str(rng.randint(10000, 99999))}
                   for depth in depths]
+        if corpus_ids is not None:
+            if len(corpus_ids) < length:
+                raise TQError(f"the filler text has {len(corpus_ids)} tokens; {length}-token prompts "
+                              "need at least as many")
+            for trial in trials:  # their own generator: the keys stay those of the default filler
+                trial["filler_start"] = filler_rng.randrange(len(corpus_ids) - length + 1)
         answers += trials
         for name, factory in cache_factories.items():
             for trial in trials:
-                ids = passkey_prompt(tokenizer, length, trial["depth"], trial["key"]).to(model.device)
+                filler = None if corpus_ids is None else \
+                    corpus_ids[trial["filler_start"]:trial["filler_start"] + length]
+                ids = passkey_prompt(tokenizer, length, trial["depth"], trial["key"],
+                                     filler).to(model.device)
                 with torch.inference_mode():
                     out = model.generate(ids, attention_mask=torch.ones_like(ids),
                                          past_key_values=factory(), max_new_tokens=8,
