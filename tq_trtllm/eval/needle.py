@@ -61,12 +61,11 @@ def passkey_accuracy(model, tokenizer, lengths, cache_factories: dict, seed: int
             for trial in trials:  # their own generator: the keys stay those of the default filler
                 trial["filler_start"] = filler_rng.randrange(len(corpus_ids) - length + 1)
         answers += trials
+        prompts = [passkey_prompt(tokenizer, length, t["depth"], t["key"], None if corpus_ids is None
+                                  else corpus_ids[t["filler_start"]:t["filler_start"] + length]
+                                  ).to(model.device) for t in trials]  # the same for every cache
         for name, factory in cache_factories.items():
-            for trial in trials:
-                filler = None if corpus_ids is None else \
-                    corpus_ids[trial["filler_start"]:trial["filler_start"] + length]
-                ids = passkey_prompt(tokenizer, length, trial["depth"], trial["key"],
-                                     filler).to(model.device)
+            for trial, ids in zip(trials, prompts):
                 with torch.inference_mode():
                     out = model.generate(ids, attention_mask=torch.ones_like(ids),
                                          past_key_values=factory(), max_new_tokens=8,
