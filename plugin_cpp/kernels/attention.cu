@@ -109,22 +109,33 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
       encode_vector<D, T>(a.cache.codec[kind], kvh, x, page, pos);
     }
   }
-  // --- The rotated query rows, fp16 into shared memory; the codebook tables. ---
-  for (int rr = warp; rr < 8 * NR; rr += kWarps) {
-    constexpr int E = D / 32;
-    float x[E];
-    rotated_query_row<D, T>(a, b, kvh, row0 + rr, x);
-#pragma unroll
-    for (int e = 0; e < E; ++e) q_s[rr * (D + 8) + lane * E + e] = __float2half_rn(x[e]);
-  }
-  fill_byte_tables(tables, a.cache);
+  // --- The rotated query rows, fp16 into shared memory; the codebook tables; the rotary mean's
+  // state. Every global read of the prologue is issued before the first use of any: the codec's
+  // per-lane and per-pair arrays, then every query value, so that the prologue waits on two
+  // dependent reads, not on a chain of them per row (at short contexts it sets the call's time). ---
+  constexpr int E = D / 32, kWarpRows = 8 * NR / kWarps;  // query rows per warp: warp + kWarps k
+  const LaneRotation<D> lr = lane_rotation<D>(kc, kvh);
   // The rotary mean's logit term (attention_common.cuh): over the tokens j of a tile that starts at
   // position p0, sum_i Re(w_i e^{i j f_i}) with w_i = z_i e^{i p0 f_i}: A = the cos | sin table of
   // the angles j f_i, the same for every tile, B = (Re w, -Im w) of each row. Both in hi + lo fp16
   // (three products): about 22 bits, so the term adds no error of its own. This thread's w: row
   // 8nr + g4 of each row tile, pairs 8s + 2tig + u (its B fragment's k columns), at the warp's
-  // first tile, turned by the warp's stride after each tile.
+  // first tile, turned by the warp's stride after each tile. It also fills the table's column of
+  // pair threadIdx.x % TQ_MAX_ROTARY_PAIRS.
   const int rot_steps = (kc.rotary_pairs + 7) / 8;  // mma k steps, 8 pairs each
+  RotaryPair pairs[2][2], table_pair{};
+  if (rot_steps) {
+#pragma unroll
+    for (int s = 0; s < 2; ++s)
+#pragma unroll
+      for (int u = 0; u < 2; ++u) pairs[s][u] = rotary_pair(kc, kvh, 8 * s + 2 * tig + u);
+    table_pair = rotary_pair(kc, kvh, threadIdx.x % TQ_MAX_ROTARY_PAIRS);
+  }
+  // Two rows at a time: four (two row tiles) would cost the loop registers (spills).
+  constexpr int kBatch = kWarpRows < 2 ? kWarpRows : 2;
+  float x[kBatch][E];
+#pragma unroll
+  for (int k = 0; k < kBatch; ++k) load_query_row<D, T>(a, b, kvh, row0 + warp + kWarps * k, lr, x[k]);
   float2 rot_w[NR][2][2] = {};
   if (rot_steps)
 #pragma unroll
@@ -133,12 +144,26 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
 #pragma unroll
       for (int s = 0; s < 2; ++s)
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          const int i = 8 * s + 2 * tig + u;
-          const float2 z = rotary_z<D, T>(a, kvh, qv, i);
-          rot_w[nr][s][u] = turn_by(z, rotary_turn(split_begin + warp * kChunk, rotary_freq(a, kvh, i)));
-        }
+        for (int u = 0; u < 2; ++u) rot_w[nr][s][u] = rotary_z<D, T>(pairs[s][u], qv, a.q_scale);
     }
+#pragma unroll
+  for (int k = 0; k < kWarpRows; ++k) {
+    if (k >= kBatch && k % kBatch == 0)
+#pragma unroll
+      for (int l = 0; l < kBatch; ++l) load_query_row<D, T>(a, b, kvh, row0 + warp + kWarps * (k + l), lr, x[l]);
+    rotate_query_row<D>(a, lr, x[k % kBatch]);
+#pragma unroll
+    for (int e = 0; e < E; ++e) q_s[(warp + kWarps * k) * (D + 8) + lane * E + e] = __float2half_rn(x[k % kBatch][e]);
+  }
+  fill_byte_tables(tables, a.cache);
+  if (rot_steps)
+#pragma unroll
+    for (int nr = 0; nr < NR; ++nr)
+#pragma unroll
+      for (int s = 0; s < 2; ++s)
+#pragma unroll
+        for (int u = 0; u < 2; ++u)
+          rot_w[nr][s][u] = turn_by(rot_w[nr][s][u], rotary_turn(split_begin + warp * kChunk, pairs[s][u].freq));
   __syncthreads();
 
   // Query B fragments, held in registers for the whole loop. In k step st of group g, this
@@ -169,7 +194,7 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
   if (rot_steps) {
     __syncthreads();  // every warp holds its query fragments
     const int i = threadIdx.x % TQ_MAX_ROTARY_PAIRS;  // this thread's pair, the same in every row
-    const float f = rotary_freq(a, kvh, i);
+    const float f = table_pair.freq;
     constexpr int kRowStep = 32 * kWarps / TQ_MAX_ROTARY_PAIRS;
     for (int j = threadIdx.x / TQ_MAX_ROTARY_PAIRS; j < kChunk; j += kRowStep)
       store_turn_hi_lo(rot_e + j * kRotLd, rot_e + (kChunk + j) * kRotLd, i, small_turn(j, f));
@@ -535,6 +560,19 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(AttnArgs a, int
   const float s_own = own_score<D, T>(a, b, kvh, j, qv, qm);
   // The table's page shift lowers every split's state (the cached positions) against the own term.
   const float shift = a.cache.page_lse_shift ? a.cache.page_lse_shift[hq] * kLog2e : 0.0f;
+  // The value codec's channels, factors and means at this lane's dims (the output's inverse
+  // rotation), read before the wait as well: after it, only the workspace reads stand between the
+  // split pass's end and the output.
+  const CodecLayout& vl = a.cache.codec[1];
+  const LaneRotation<D> vr = lane_rotation<D>(vl, kvh);
+  float v_mean[E], v_own[E] = {};  // v_own: the own position's value (zeros without one)
+  const T* v_row = s_own == -INFINITY ? nullptr : static_cast<const T*>(a.new_kv[1]) +
+                                                      (int64_t(b) * a.q_len + j) * a.new_stride + int64_t(kvh) * D;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    v_mean[e] = mean_of(vl, kvh, vr.ch[e]);
+    if (v_row) v_own[e] = to_float(v_row[vr.ch[e]]);
+  }
   // Launched early (programmatic dependent launch): wait until the split pass's writes are visible.
   asm volatile("griddepcontrol.wait;" ::: "memory");
   // The splits' running maxima, read by all threads at once.
@@ -585,21 +623,15 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(AttnArgs a, int
   // tokens' decoded values each carry the value mean; a row that sees nothing gets the mean.
   const float inv = l_sum > 0.0f ? 1.0f / l_sum : 0.0f;
   const float mean_w = l_sum > 0.0f ? l_all * inv : 1.0f;
-  const CodecLayout& vl = a.cache.codec[1];
 #pragma unroll
   for (int e = 0; e < E; ++e) acc[e] *= inv;
   warp_fwht<E>(acc, D / vl.num_groups);
-  const T* v_own = w_own > 0.0f ? static_cast<const T*>(a.new_kv[1]) + (int64_t(b) * a.q_len + j) * a.new_stride +
-                                      int64_t(kvh) * D
-                                : nullptr;
   T* out = static_cast<T*>(a.out) + row * D;
 #pragma unroll
   for (int e = 0; e < E; ++e) {
-    const int pj = lane * E + e;
-    const int ch = channel_of(vl, kvh, pj);
-    float y = acc[e] * rotation_sign(vl.seed, pj) * scale_of(vl, kvh, ch) + mean_w * mean_of(vl, kvh, ch);
-    if (v_own) y += w_own * inv * to_float(v_own[ch]);
-    out[ch] = from_float<T>(y);
+    float y = acc[e] * vr.factor[e] + mean_w * v_mean[e];
+    if (w_own > 0.0f) y += w_own * inv * v_own[e];
+    out[vr.ch[e]] = from_float<T>(y);
   }
 }
 

@@ -144,22 +144,25 @@ __device__ inline const T* query_row(const AttnArgs& a, int b, int kvh, int r) {
   return r < a.rows ? static_cast<const T*>(a.q) + query_row_index(a, b, kvh, r) * D : nullptr;
 }
 
-// z_i of query row qv times q_scale (zero for a padding row or a pair beyond rotary_pairs):
-// Re z = q[a] m + q[a + D/2] m', Im z = q[a] m' - q[a + D/2] m for pair i = (a, a + D/2).
-template <int D, typename T>
-__device__ inline float2 rotary_z(const AttnArgs& a, int kvh, const T* qv, int i) {
-  const CodecLayout& kc = a.cache.codec[0];
-  if (i >= kc.rotary_pairs || !qv) return make_float2(0.0f, 0.0f);
-  const int k = kvh * kc.rotary_pairs + i, ch = kc.rotary_channel[k];
-  const float qa = to_float(qv[ch]) * a.q_scale, qb = to_float(qv[ch + D / 2]) * a.q_scale;
-  const float m0 = kc.rotary_mean[2 * k], m1 = kc.rotary_mean[2 * k + 1];
-  return make_float2(qa * m0 + qb * m1, qa * m1 - qb * m0);
+// Pair i of the key codec's rotary mean for head kvh: its first channel (-1 beyond rotary_pairs),
+// mean and frequency (zero beyond rotary_pairs: a zero angle).
+struct RotaryPair {
+  int ch;
+  float m0, m1, freq;
+};
+__device__ inline RotaryPair rotary_pair(const CodecLayout& kc, int kvh, int i) {
+  if (i >= kc.rotary_pairs) return {-1, 0.0f, 0.0f, 0.0f};
+  const int k = kvh * kc.rotary_pairs + i;
+  return {kc.rotary_channel[k], kc.rotary_mean[2 * k], kc.rotary_mean[2 * k + 1], kc.rotary_freq[k]};
 }
 
-// Frequency of the key codec's pair i of head kvh (0 beyond rotary_pairs: a zero angle).
-__device__ inline float rotary_freq(const AttnArgs& a, int kvh, int i) {
-  const CodecLayout& kc = a.cache.codec[0];
-  return i < kc.rotary_pairs ? kc.rotary_freq[kvh * kc.rotary_pairs + i] : 0.0f;
+// z of query row qv for pair p, times q_scale (zero for a padding row or an absent pair):
+// Re z = q[a] m + q[a + D/2] m', Im z = q[a] m' - q[a + D/2] m for the pair (a, a + D/2).
+template <int D, typename T>
+__device__ inline float2 rotary_z(const RotaryPair& p, const T* qv, float q_scale) {
+  if (p.ch < 0 || !qv) return make_float2(0.0f, 0.0f);
+  const float qa = to_float(qv[p.ch]) * q_scale, qb = to_float(qv[p.ch + D / 2]) * q_scale;
+  return make_float2(qa * p.m0 + qb * p.m1, qa * p.m1 - qb * p.m0);
 }
 
 // (cos, sin) of j * freq for a small offset j (a few hundred radians at most): one MUFU pair,
@@ -185,28 +188,46 @@ __device__ inline float2 turn_by(float2 base, float2 step) {
   return make_float2(base.x * step.x - base.y * step.y, base.x * step.y + base.y * step.x);
 }
 
-// Query row r rotated into the keys' domain (FORMAT.md "Attention never needs step 5"): key scale,
-// permutation, signs and each group's Hadamard transform, times q_scale; the warp holds the row,
-// lane L the permuted coordinates L*E .. L*E+E-1. Zeros for a padding row (r >= rows).
-template <int D, typename T>
-__device__ inline void rotated_query_row(const AttnArgs& a, int b, int kvh, int r, float (&x)[D / 32]) {
-  constexpr int E = D / 32;
+// A lane's share of the query rotation (FORMAT.md "Attention never needs step 5"): the channels of
+// its permuted coordinates lane*E .. lane*E+E-1 and their factors (key scale x sign). They are the
+// same for every query row, so a CTA reads them once and then every row's values at once, instead
+// of a chain of dependent global reads per row (which sets the prologue's length at short contexts).
+template <int D>
+struct LaneRotation {
+  int ch[D / 32];
+  float factor[D / 32];
+};
+template <int D>
+__device__ inline LaneRotation<D> lane_rotation(const CodecLayout& kl, int kvh) {
   const int lane = threadIdx.x & 31;
-  const CodecLayout& kl = a.cache.codec[0];
-  if (const T* qv = query_row<D, T>(a, b, kvh, r)) {
+  LaneRotation<D> lr;
 #pragma unroll
-    for (int e = 0; e < E; ++e) {
-      const int pj = lane * E + e;
-      const int ch = channel_of(kl, kvh, pj);
-      x[e] = to_float(qv[ch]) * scale_of(kl, kvh, ch) * rotation_sign(kl.seed, pj);
-    }
-  } else {
-#pragma unroll
-    for (int e = 0; e < E; ++e) x[e] = 0.0f;
+  for (int e = 0; e < D / 32; ++e) {
+    const int pj = lane * (D / 32) + e;
+    lr.ch[e] = channel_of(kl, kvh, pj);
+    lr.factor[e] = scale_of(kl, kvh, lr.ch[e]) * rotation_sign(kl.seed, pj);
   }
-  warp_fwht<E>(x, D / kl.num_groups);
+  return lr;
+}
+
+// Query row r's values at the lane's channels; zeros for a padding row (r >= rows).
+template <int D, typename T>
+__device__ inline void load_query_row(const AttnArgs& a, int b, int kvh, int r, const LaneRotation<D>& lr,
+                                      float (&x)[D / 32]) {
+  const T* qv = query_row<D, T>(a, b, kvh, r);
 #pragma unroll
-  for (int e = 0; e < E; ++e) x[e] *= a.q_scale;
+  for (int e = 0; e < D / 32; ++e) x[e] = qv ? to_float(qv[lr.ch[e]]) : 0.0f;
+}
+
+// Those values rotated into the keys' domain: the factors, each group's Hadamard transform, times
+// q_scale; the warp holds the row.
+template <int D>
+__device__ inline void rotate_query_row(const AttnArgs& a, const LaneRotation<D>& lr, float (&x)[D / 32]) {
+#pragma unroll
+  for (int e = 0; e < D / 32; ++e) x[e] *= lr.factor[e];
+  warp_fwht<D / 32>(x, D / a.cache.codec[0].num_groups);
+#pragma unroll
+  for (int e = 0; e < D / 32; ++e) x[e] *= a.q_scale;
 }
 
 // The K and V codebooks as byte-permute tables (tile_decode.cuh), tables[kv * 2 + group]; written

@@ -99,14 +99,17 @@ __global__ void __launch_bounds__(32 * kPrefillWarps, kPrefillCtasPerSm) prefill
   for (int rr = warp; rr < kPrefillRows; rr += kPrefillWarps) {
     constexpr int E = D / 32;
     float x[E];
-    rotated_query_row<D, T>(a, b, kvh, row0 + rr, x);
+    const LaneRotation<D> lr = lane_rotation<D>(a.cache.codec[0], kvh);
+    load_query_row<D, T>(a, b, kvh, row0 + rr, lr, x);
+    rotate_query_row<D>(a, lr, x);
 #pragma unroll
     for (int e = 0; e < E; ++e) q_s[rr * LD + run_position(kt, lane * E + e)] = __float2half_rn(x[e]);
   }
   if (rot_steps)  // the rotary mean's (Re z, -Im z) row of each query row (attention_common.cuh)
     for (int idx = threadIdx.x; idx < kPrefillRows * TQ_MAX_ROTARY_PAIRS; idx += 32 * kPrefillWarps) {
       const int rr = idx / TQ_MAX_ROTARY_PAIRS, i = idx % TQ_MAX_ROTARY_PAIRS;
-      const float2 z = rotary_z<D, T>(a, kvh, query_row<D, T>(a, b, kvh, row0 + rr), i);
+      const float2 z = rotary_z<D, T>(rotary_pair(a.cache.codec[0], kvh, i),
+                                      query_row<D, T>(a, b, kvh, row0 + rr), a.q_scale);
       rot_q[rr * kRotLd + rot_col(i)] = __float2half_rn(z.x);
       rot_q[rr * kRotLd + rot_col(i) + 8] = __float2half_rn(-z.y);
     }
@@ -188,7 +191,7 @@ __global__ void __launch_bounds__(32 * kPrefillWarps, kPrefillCtasPerSm) prefill
       // position turned exactly, then by each token's small offset (a thread keeps its pair)
       static_assert(32 * kPrefillWarps % TQ_MAX_ROTARY_PAIRS == 0);
       const int p = threadIdx.x % TQ_MAX_ROTARY_PAIRS;
-      const float f = rotary_freq(a, kvh, p);
+      const float f = rotary_pair(a.cache.codec[0], kvh, p).freq;
       const float2 base = rotary_turn(split_begin + i * kPfTokens, f);
       for (int t = threadIdx.x / TQ_MAX_ROTARY_PAIRS; t < kPfTokens; t += 32 * kPrefillWarps / TQ_MAX_ROTARY_PAIRS) {
         store_turn_hi_lo(rot_k + t * kRotLd, rot_k + (kPfTokens + t) * kRotLd, p, turn_by(base, small_turn(t, f)));
