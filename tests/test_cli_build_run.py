@@ -111,14 +111,20 @@ def test_ppl_and_needle_commands(engine, calib_file):
     needle = invoke(tq_eval, "needle", "--engine", engine, "--lengths", "64,128", "--json")
     assert needle.exit_code == 0, needle.output
     report = json.loads(needle.stdout)
-    assert set(report) >= {"fp16", "kv", "equal", "answers"}
-    # one answer per prompt and cache, and the accuracies are the answers holding their key
+    assert set(report) >= {"accuracy", "changes", "equal", "answers"} and report["seeds"] == [0]
+    # one row per prompt, every cache's answer in it; the accuracies and the paired changes are
+    # counted from those answers
     assert len(report["answers"]) == 2 * len(report["depths"])
-    for name in ("fp16", "kv"):
+    for name in ("fp16", engine.name):
         for length in (64, 128):
             rows = [a for a in report["answers"] if a["length"] == length]
-            assert all(isinstance(a[name], str) for a in rows)
-            assert report[name][str(length)] == sum(a["key"] in a[name] for a in rows) / len(rows)
+            assert all(isinstance(a["answers"][name], str) for a in rows)
+            assert report["accuracy"][name][str(length)] == sum(a["key"] in a["answers"][name] for a in rows) / len(rows)
+    for length in (64, 128):
+        rows = [a for a in report["answers"] if a["length"] == length]
+        hits = [(a["key"] in a["answers"]["fp16"], a["key"] in a["answers"][engine.name]) for a in rows]
+        assert report["changes"][engine.name][str(length)] == {
+            "lost": sum(f and not q for f, q in hits), "won": sum(q and not f for f, q in hits)}
     # running text as filler: each prompt its own stretch of it, the same keys as before
     varied = invoke(tq_eval, "needle", "--engine", engine, "--lengths", "64,128", "--filler",
                     calib_file, "--json")
@@ -139,6 +145,33 @@ def test_ppl_and_needle_commands(engine, calib_file):
                         ["needle", "--lengths", "64"]):
             assert_clean_error(invoke(tq_eval, *command, "--engine", engine, "--device", "cuda"),
                                "--device cuda cannot run here")
+
+
+def test_needle_compares_several_engines_over_several_seeds(engine, checkpoint, calib_file, tmp_path):
+    other = tmp_path / "tiny-kv4"
+    built = invoke(build, "--checkpoint", checkpoint, "--calib-text", calib_file, "--kv-bits", "4",
+                   "--output", other, "--calib-windows", "2")
+    assert built.exit_code == 0, built.output
+    both = invoke(tq_eval, "needle", "--engine", engine, "--engine", other, "--lengths", "64",
+                  "--seeds", "0-2", "--json")
+    assert both.exit_code == 0, both.output
+    both = json.loads(both.stdout)
+    assert both["seeds"] == [0, 1, 2] and both["prompts_per_length"] == 3 * len(both["depths"])
+    assert set(both["accuracy"]) == {"fp16", engine.name, other.name}
+    rows = both["answers"]
+    assert [r["seed"] for r in rows] == [s for s in (0, 1, 2) for _ in both["depths"]]
+    assert all(set(r["answers"]) == {"fp16", engine.name, other.name} for r in rows)
+    # seed s of a range asks what --seed s alone asks
+    alone = json.loads(invoke(tq_eval, "needle", "--engine", engine, "--lengths", "64", "--seed",
+                              "2", "--json").stdout)
+    assert [(r["key"], r["answers"][engine.name]) for r in alone["answers"]] == \
+        [(r["key"], r["answers"][engine.name]) for r in rows if r["seed"] == 2]
+    assert_clean_error(invoke(tq_eval, "needle", "--engine", engine, "--seeds", "0-x"),
+                       "is not a seed, a range")
+    named_fp16 = tmp_path / "fp16"
+    shutil.copytree(engine, named_fp16)
+    assert_clean_error(invoke(tq_eval, "needle", "--engine", named_fp16, "--lengths", "64"),
+                       "named 'fp16'")
 
 
 def test_engines_with_one_directory_name_are_refused(engine, calib_file, tmp_path):

@@ -43,3 +43,7 @@ def distortion(bits, dim, kind, rotation, samples, seed, as_json):
 
 main.add_command(ppl)
 main.add_command(needle)
+
+
+if __name__ == "__main__":
+    main()

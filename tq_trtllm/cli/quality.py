@@ -84,49 +84,79 @@ def _lengths(text: str) -> list[int]:
     return values
 
 
-@click.command(help="Passkey retrieval accuracy, FP16 cache vs the engine's cache.")
-@click.option("--engine", "engine_dir", type=click.Path(), required=True)
+def _seeds(text: str) -> list[int]:
+    """'3' -> [3]; '0-14' -> 0 .. 14; '1,4,9' -> those."""
+    try:
+        if "-" in text.strip()[1:]:
+            first, last = (int(v) for v in text.split("-", 1))
+            values = list(range(first, last + 1))
+        else:
+            values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a seed, a range such as 0-14, or a "
+                                 "comma-separated list of seeds") from None
+    if not values:
+        raise click.BadParameter(f"{text!r} names no seed")
+    return values
+
+
+@click.command(help="Passkey retrieval accuracy, FP16 cache vs each engine's cache, same prompts.")
+@click.option("--engine", "engines", multiple=True, type=click.Path(), required=True,
+              help="Engine directory; repeat to compare several engines of one model.")
 @click.option("--lengths", default="1024,2048,4096,8000", show_default=True,
               help="Comma-separated context lengths in tokens (at most the model's context).")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seeds", "--seed", "seeds", default="0", show_default=True,
+              help="Seeds of the keys (and filler stretches): one, a range such as 0-14, or a "
+                   "comma-separated list; each gives one prompt per length and depth.")
 @click.option("--filler", default=None,
               help="Text file or austen:BOOK whose running text fills each prompt, a different "
-                   "stretch per prompt (default: one short passage repeated, as in every figure "
-                   "so far, whose prompts of one length answer alike).")
+                   "stretch per prompt (default: one short passage repeated, whose prompts of one "
+                   "length answer alike).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object (with every prompt's answers under 'answers').")
 @device_option
 @clean_errors
-def needle(engine_dir, lengths, seed, filler, as_json, device):
+def needle(engines, lengths, seeds, filler, as_json, device):
     from tqdm import tqdm
 
-    from ..engine import open_engine
     from ..eval.baselines import RoundtripCache
-    from ..eval.needle import DEPTHS, check_length, passkey_accuracy
+    from ..eval.needle import DEPTHS, check_length, paired_changes, passkey_accuracy
     from ..integrations.cache import TurboQuantCache
 
-    lengths = _lengths(lengths)
-    engine = open_engine(engine_dir)
-    loaded, table = engine.loaded, engine.table
+    lengths, seeds = _lengths(lengths), _seeds(seeds)
+    loaded, opened = _open_engines(engines)
     for n in lengths:
         check_length(n, loaded.max_context, 8)
     backend = "kernels" if place_model(loaded.model, device) else "reference"
-    factories = {"fp16": lambda: RoundtripCache("fp16", len(table.layers), table.head_dim),
-                 "kv": lambda: TurboQuantCache(table, backend=backend)}
-    bar = tqdm(total=len(lengths) * len(DEPTHS) * 2, desc="passkey prompts")  # stderr
+    first = opened[0][2]
+    factories = {"fp16": lambda: RoundtripCache("fp16", len(first.layers), first.head_dim)}
+    for name, _, table in opened:
+        if name == "fp16":
+            raise TQError("an engine directory is named 'fp16', the name of the FP16 cache's "
+                          "results; rename the directory")
+        factories[name] = lambda table=table: TurboQuantCache(table, backend=backend)
     corpus_ids, source = None, "repeated passage"
     if filler is not None:
         text, source = read_corpus(filler)
         corpus_ids = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
-    results, answers = passkey_accuracy(loaded.model, loaded.tokenizer, lengths, factories, seed,
-                                        progress=bar.update, corpus_ids=corpus_ids)
+    bar = tqdm(total=len(seeds) * len(lengths) * len(DEPTHS) * len(factories),
+               desc="passkey prompts")  # stderr
+    results, rows = passkey_accuracy(loaded.model, loaded.tokenizer, lengths, factories, seeds,
+                                     progress=bar.update, corpus_ids=corpus_ids)
     bar.close()
-    out = {"lengths": lengths, "fp16": results["fp16"], "kv": results["kv"],
-           "equal": results["fp16"] == results["kv"], "depths": list(DEPTHS), "filler": source,
-           "answers": answers}
+    names = [name for name, _, _ in opened]
+    changes = {name: paired_changes(rows, name) for name in names}
+    out = {"lengths": lengths, "seeds": seeds, "depths": list(DEPTHS), "filler": source,
+           "prompts_per_length": len(seeds) * len(DEPTHS), "accuracy": results,
+           "changes": changes, "equal": {name: results["fp16"] == results[name] for name in names},
+           "answers": rows}
     if as_json:
         click.echo(json.dumps(out))
         return
+    click.echo(f"{'tokens':>6}  {'fp16':>6}  " + "  ".join(f"{name:>16}" for name in names))
     for n in lengths:
-        click.echo(f"{n:>6} tokens: fp16 {results['fp16'][n]:.2f}  quantized {results['kv'][n]:.2f}")
-    click.echo("passkey retrieval equal to FP16" if out["equal"] else "passkey retrieval DIFFERS from FP16")
+        cells = [f"{results[name][n]:.2f} (-{changes[name][n]['lost']} +{changes[name][n]['won']})"
+                 for name in names]
+        click.echo(f"{n:>6}  {results['fp16'][n]:>6.2f}  " + "  ".join(f"{c:>16}" for c in cells))
+    for name in names:
+        click.echo(f"{name}: passkey retrieval {'equal to' if out['equal'][name] else 'DIFFERS from'} FP16")

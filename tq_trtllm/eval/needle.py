@@ -36,42 +36,64 @@ def check_length(length: int, max_context: int, new_tokens: int) -> None:
                       f"limit of {max_context} tokens")
 
 
-def passkey_accuracy(model, tokenizer, lengths, cache_factories: dict, seed: int = 0,
+def passkey_accuracy(model, tokenizer, lengths, cache_factories: dict, seeds=(0,),
                      depths=DEPTHS, progress=None, corpus_ids: list[int] | None = None
                      ) -> tuple[dict, list[dict]]:
-    """cache_factories: name -> zero-argument cache factory. Returns (name -> {length: accuracy},
-    one row per prompt: its length, depth and key, and each cache's generated text by name).
+    """cache_factories: name -> zero-argument cache factory. Every seed draws its own keys (and
+    filler stretches); every cache answers the same prompts. Returns (name -> {length: accuracy
+    over all seeds}, one row per prompt: its seed, length, depth and key, and under "answers" each
+    cache's generated text by name).
 
     corpus_ids: tokens of running text; each prompt's filler is then its own stretch of it (the
     row's filler_start), so the prompts of a length are not one filler with different keys, whose
     answers move together (docs/QUALITY.md, session 10). None: FILLER repeated, as before."""
     use_turboquant_attention(model)
     max_context = int(getattr(model.config, "max_position_embeddings", 2048))
-    rng, filler_rng = random.Random(seed), random.Random(f"filler {seed}")
-    results = {name: {} for name in cache_factories}
-    answers = []
     for length in lengths:
         check_length(length, max_context, 8)
-        trials = [{"length": length, "depth": depth, "key": str(rng.randint(10000, 99999))}
-                  for depth in depths]
-        if corpus_ids is not None:
-            if len(corpus_ids) < length:
-                raise TQError(f"the filler text has {len(corpus_ids)} tokens; {length}-token prompts "
-                              "need at least as many")
-            for trial in trials:  # their own generator: the keys stay those of the default filler
-                trial["filler_start"] = filler_rng.randrange(len(corpus_ids) - length + 1)
-        answers += trials
-        prompts = [passkey_prompt(tokenizer, length, t["depth"], t["key"], None if corpus_ids is None
-                                  else corpus_ids[t["filler_start"]:t["filler_start"] + length]
-                                  ).to(model.device) for t in trials]  # the same for every cache
-        for name, factory in cache_factories.items():
-            for trial, ids in zip(trials, prompts):
-                with torch.inference_mode():
-                    out = model.generate(ids, attention_mask=torch.ones_like(ids),
-                                         past_key_values=factory(), max_new_tokens=8,
-                                         do_sample=False, pad_token_id=tokenizer.eos_token_id)
-                trial[name] = tokenizer.decode(out[0, ids.shape[1]:])
-                if progress:
-                    progress()
-            results[name][length] = sum(t["key"] in t[name] for t in trials) / len(trials)
-    return results, answers
+        if corpus_ids is not None and len(corpus_ids) < length:
+            raise TQError(f"the filler text has {len(corpus_ids)} tokens; {length}-token prompts "
+                          "need at least as many")
+    rows = []
+    for seed in seeds:
+        rng, filler_rng = random.Random(seed), random.Random(f"filler {seed}")
+        for length in lengths:
+            trials = [{"seed": seed, "length": length, "depth": depth,
+                       "key": str(rng.randint(10000, 99999))} for depth in depths]
+            if corpus_ids is not None:
+                for trial in trials:  # their own generator: the keys stay those of the default filler
+                    trial["filler_start"] = filler_rng.randrange(len(corpus_ids) - length + 1)
+            for trial in trials:
+                start = trial.get("filler_start")
+                ids = passkey_prompt(tokenizer, length, trial["depth"], trial["key"], None
+                                     if start is None else corpus_ids[start:start + length]).to(model.device)
+                trial["answers"] = {}
+                for name, factory in cache_factories.items():  # the same prompt for every cache
+                    with torch.inference_mode():
+                        out = model.generate(ids, attention_mask=torch.ones_like(ids),
+                                             past_key_values=factory(), max_new_tokens=8,
+                                             do_sample=False, pad_token_id=tokenizer.eos_token_id)
+                    trial["answers"][name] = tokenizer.decode(out[0, ids.shape[1]:])
+                    if progress:
+                        progress()
+            rows += trials
+    results = {name: {length: _hit_rate([r for r in rows if r["length"] == length], name)
+                      for length in lengths} for name in cache_factories}
+    return results, rows
+
+
+def _hit_rate(rows: list[dict], name: str) -> float:
+    return sum(r["key"] in r["answers"][name] for r in rows) / len(rows)
+
+
+def paired_changes(rows: list[dict], name: str, reference: str = "fp16") -> dict:
+    """Per length: prompts that `name` gets wrong where `reference` gets them right (lost) and the
+    reverse (won). The prompts are shared, so these counts, not the accuracies alone, say where a
+    cache differs."""
+    out = {}
+    for r in rows:
+        hit, ref_hit = r["key"] in r["answers"][name], r["key"] in r["answers"][reference]
+        counts = out.setdefault(r["length"], {"lost": 0, "won": 0})
+        counts["lost"] += ref_hit and not hit
+        counts["won"] += hit and not ref_hit
+    return out
