@@ -153,9 +153,13 @@ def test_needle_compares_several_engines_over_several_seeds(engine, checkpoint, 
                    "--output", other, "--calib-windows", "2")
     assert built.exit_code == 0, built.output
     both = invoke(tq_eval, "needle", "--engine", engine, "--engine", other, "--lengths", "64",
-                  "--seeds", "0-2", "--json")
+                  "--seeds", "0-2", "--graded", "--json")
     assert both.exit_code == 0, both.output
     both = json.loads(both.stdout)
+    # --graded: every prompt scored under every cache; the summary is their mean change
+    for name in (engine.name, other.name):
+        diffs = [r["key_log_prob"][name] - r["key_log_prob"]["fp16"] for r in both["answers"]]
+        assert both["graded"][name]["64"]["mean"] == pytest.approx(sum(diffs) / len(diffs))
     assert both["seeds"] == [0, 1, 2] and both["prompts_per_length"] == 3 * len(both["depths"])
     assert set(both["accuracy"]) == {"fp16", engine.name, other.name}
     rows = both["answers"]

@@ -112,15 +112,19 @@ def _seeds(text: str) -> list[int]:
               help="Text file or austen:BOOK whose running text fills each prompt, a different "
                    "stretch per prompt (default: one short passage repeated, whose prompts of one "
                    "length answer alike).")
+@click.option("--graded", is_flag=True,
+              help="Also score each prompt by the key's teacher-forced log-probability under each "
+                   "cache (one more forward pass per prompt and cache) and report its mean change "
+                   "against FP16 per length, with a 95% interval.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object (with every prompt's answers under 'answers').")
 @device_option
 @clean_errors
-def needle(engines, lengths, seeds, filler, as_json, device):
+def needle(engines, lengths, seeds, filler, graded, as_json, device):
     from tqdm import tqdm
 
     from ..eval.baselines import RoundtripCache
-    from ..eval.needle import DEPTHS, check_length, paired_changes, passkey_accuracy
+    from ..eval.needle import DEPTHS, check_length, graded_changes, paired_changes, passkey_accuracy
     from ..integrations.cache import TurboQuantCache
 
     lengths, seeds = _lengths(lengths), _seeds(seeds)
@@ -142,7 +146,7 @@ def needle(engines, lengths, seeds, filler, as_json, device):
     bar = tqdm(total=len(seeds) * len(lengths) * len(DEPTHS) * len(factories),
                desc="passkey prompts")  # stderr
     results, rows = passkey_accuracy(loaded.model, loaded.tokenizer, lengths, factories, seeds,
-                                     progress=bar.update, corpus_ids=corpus_ids)
+                                     progress=bar.update, corpus_ids=corpus_ids, graded=graded)
     bar.close()
     names = [name for name, _, _ in opened]
     changes = {name: paired_changes(rows, name) for name in names}
@@ -150,6 +154,8 @@ def needle(engines, lengths, seeds, filler, as_json, device):
            "prompts_per_length": len(seeds) * len(DEPTHS), "accuracy": results,
            "changes": changes, "equal": {name: results["fp16"] == results[name] for name in names},
            "answers": rows}
+    if graded:
+        out["graded"] = {name: graded_changes(rows, name) for name in names}
     if as_json:
         click.echo(json.dumps(out))
         return
@@ -160,3 +166,6 @@ def needle(engines, lengths, seeds, filler, as_json, device):
         click.echo(f"{n:>6}  {results['fp16'][n]:>6.2f}  " + "  ".join(f"{c:>16}" for c in cells))
     for name in names:
         click.echo(f"{name}: passkey retrieval {'equal to' if out['equal'][name] else 'DIFFERS from'} FP16")
+        for n, g in out.get("graded", {}).get(name, {}).items():
+            click.echo(f"  {n:>6} tokens: key log-probability {g['mean']:+.3f} nats against FP16 "
+                       f"[95% CI {g['ci95'][0]:+.3f}, {g['ci95'][1]:+.3f}]")

@@ -9,6 +9,7 @@ import torch
 
 from ..core.errors import TQError
 from ..integrations.attention import use_turboquant_attention
+from .paired import mean_ci95
 
 FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ")
 QUESTION = "\nWhat is the pass key? The pass key is"
@@ -36,9 +37,19 @@ def check_length(length: int, max_context: int, new_tokens: int) -> None:
                       f"limit of {max_context} tokens")
 
 
+def key_log_prob(model, tokenizer, ids: torch.Tensor, key: str, cache) -> float:
+    """The teacher-forced log-probability of " <key>" after the prompt `ids` [1, T], summed over
+    its tokens, with `cache` serving the forward pass: a graded retrieval score, which moves with
+    the cache's error where the generated answer flips only at a near tie."""
+    key_ids = tokenizer(" " + key, add_special_tokens=False, return_tensors="pt")["input_ids"].to(ids.device)
+    logits = model(input_ids=torch.cat([ids, key_ids], dim=1), past_key_values=cache,
+                   use_cache=True).logits[0, ids.shape[1] - 1:-1].float()
+    return torch.log_softmax(logits, dim=-1).gather(-1, key_ids[0][:, None]).sum().item()
+
+
 def passkey_accuracy(model, tokenizer, lengths, cache_factories: dict, seeds=(0,),
-                     depths=DEPTHS, progress=None, corpus_ids: list[int] | None = None
-                     ) -> tuple[dict, list[dict]]:
+                     depths=DEPTHS, progress=None, corpus_ids: list[int] | None = None,
+                     graded: bool = False) -> tuple[dict, list[dict]]:
     """cache_factories: name -> zero-argument cache factory. Every seed draws its own keys (and
     filler stretches); every cache answers the same prompts. Returns (name -> {length: accuracy
     over all seeds}, one row per prompt: its seed, length, depth and key, and under "answers" each
@@ -46,7 +57,8 @@ def passkey_accuracy(model, tokenizer, lengths, cache_factories: dict, seeds=(0,
 
     corpus_ids: tokens of running text; each prompt's filler is then its own stretch of it (the
     row's filler_start), so the prompts of a length are not one filler with different keys, whose
-    answers move together (docs/QUALITY.md, session 10). None: FILLER repeated, as before."""
+    answers move together (docs/QUALITY.md, session 10). None: FILLER repeated, as before.
+    graded: each row also holds every cache's key_log_prob (see there) under "key_log_prob"."""
     use_turboquant_attention(model)
     max_context = int(getattr(model.config, "max_position_embeddings", 2048))
     for length in lengths:
@@ -68,11 +80,15 @@ def passkey_accuracy(model, tokenizer, lengths, cache_factories: dict, seeds=(0,
                 ids = passkey_prompt(tokenizer, length, trial["depth"], trial["key"], None
                                      if start is None else corpus_ids[start:start + length]).to(model.device)
                 trial["answers"] = {}
+                if graded:
+                    trial["key_log_prob"] = {}
                 for name, factory in cache_factories.items():  # the same prompt for every cache
                     with torch.inference_mode():
                         out = model.generate(ids, attention_mask=torch.ones_like(ids),
                                              past_key_values=factory(), max_new_tokens=8,
                                              do_sample=False, pad_token_id=tokenizer.eos_token_id)
+                        if graded:
+                            trial["key_log_prob"][name] = key_log_prob(model, tokenizer, ids, trial["key"], factory())
                     trial["answers"][name] = tokenizer.decode(out[0, ids.shape[1]:])
                     if progress:
                         progress()
@@ -96,4 +112,15 @@ def paired_changes(rows: list[dict], name: str, reference: str = "fp16") -> dict
         counts = out.setdefault(r["length"], {"lost": 0, "won": 0})
         counts["lost"] += ref_hit and not hit
         counts["won"] += hit and not ref_hit
+    return out
+
+
+def graded_changes(rows: list[dict], name: str, reference: str = "fp16") -> dict:
+    """Per length: the mean change of the key's log-probability against `reference` over the
+    prompts (nats), with a 95% t-interval."""
+    out = {}
+    for length in dict.fromkeys(r["length"] for r in rows):
+        diffs = [r["key_log_prob"][name] - r["key_log_prob"][reference] for r in rows if r["length"] == length]
+        mean, low, high = mean_ci95(diffs)
+        out[length] = {"mean": mean, "ci95": [low, high]}
     return out

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 
 import torch
-from scipy import stats as scipy_stats
 from tqdm import tqdm
 
 from ..calibration.table import KVTable
@@ -19,6 +18,7 @@ from ..integrations.attention import use_turboquant_attention
 from ..integrations.cache import TurboQuantCache
 from ..models.fingerprint import head_dim_of
 from .baselines import RoundtripCache, baseline_effective_bits
+from .paired import mean_ci95
 
 MIN_WINDOWS = 2
 
@@ -55,15 +55,12 @@ def compare_caches(model, windows: torch.Tensor, methods: dict, progress: bool =
 
 
 def _summary(base: torch.Tensor, quant: torch.Tensor, agree: list, bits: float, shape) -> dict:
-    diff = quant - base
-    n = diff.numel()
-    half = scipy_stats.t.ppf(0.975, n - 1) * diff.std(unbiased=True).item() / math.sqrt(n)
-    mean = diff.mean().item()
+    mean, low, high = mean_ci95((quant - base).tolist())
     return {
         "ppl_fp16": math.exp(base.mean().item()),
         "ppl_kv": math.exp(quant.mean().item()),
         "delta_pct": 100 * (math.exp(mean) - 1),
-        "delta_ci95_pct": [100 * (math.exp(mean - half) - 1), 100 * (math.exp(mean + half) - 1)],
+        "delta_ci95_pct": [100 * (math.exp(low) - 1), 100 * (math.exp(high) - 1)],
         "top1_agreement": sum(agree) / len(agree),
         "effective_bits": bits,
         "windows": int(shape[0]),
