@@ -652,11 +652,16 @@ int sm_count() {
   return sms;
 }
 
+// The largest q_len the split pass serves at a GQA group: more than kPrefillMinRows query rows per
+// KV head go to the prefill pass.
+static_assert(kPrefillMinRows >= TQ_MAX_GQA_GROUP);
+int split_pass_max_q_len(int group) { return kPrefillMinRows / group; }
+
 // The pass a call runs and its row tiles, before the split.
 SplitPlan pass_of(int q_len, int group) {
   SplitPlan p{};
   const int rows = q_len * group;
-  p.prefill = rows > kPrefillMinRows;
+  p.prefill = q_len > split_pass_max_q_len(group);
   p.row_tiles = (rows + kRows - 1) / kRows;
   p.cta_tiles = p.prefill ? (rows + kPrefillRows - 1) / kPrefillRows : p.row_tiles;
   return p;
@@ -747,8 +752,7 @@ size_t plan_slots(const SplitPlan& p, int batch, int num_kv_heads) {
 // rows per split, a prefill CTA at most kPrefillRows.
 size_t slots_bound(int batch, int q_len, int group, int num_kv_heads, int max_kv_len) {
   const int steps = (std::max(1, max_kv_len) + kSplitStep - 1) / kSplitStep;
-  const int split_q = std::min(q_len, std::max(1, kPrefillMinRows / group));  // the split pass's largest
-  const SplitPlan sp = pass_of(split_q, group);
+  const SplitPlan sp = pass_of(std::min(q_len, split_pass_max_q_len(group)), group);  // its largest
   int64_t bound = int64_t(kRows) * max_split_ctas(int64_t(batch) * num_kv_heads * sp.cta_tiles, ctas_per_sm(1));
   const SplitPlan pp = pass_of(q_len, group);
   if (pp.prefill)
