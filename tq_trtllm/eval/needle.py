@@ -98,8 +98,13 @@ def passkey_accuracy(model, tokenizer, lengths, cache_factories: dict, seeds=(0,
     return results, rows
 
 
+def _hit(row: dict, name: str) -> bool:
+    """Whether cache `name`'s answer to the prompt holds its key."""
+    return row["key"] in row["answers"][name]
+
+
 def _hit_rate(rows: list[dict], name: str) -> float:
-    return sum(r["key"] in r["answers"][name] for r in rows) / len(rows)
+    return sum(_hit(r, name) for r in rows) / len(rows)
 
 
 def paired_changes(rows: list[dict], name: str, reference: str = "fp16") -> dict:
@@ -108,7 +113,7 @@ def paired_changes(rows: list[dict], name: str, reference: str = "fp16") -> dict
     cache differs."""
     out = {}
     for r in rows:
-        hit, ref_hit = r["key"] in r["answers"][name], r["key"] in r["answers"][reference]
+        hit, ref_hit = _hit(r, name), _hit(r, reference)
         counts = out.setdefault(r["length"], {"lost": 0, "won": 0})
         counts["lost"] += ref_hit and not hit
         counts["won"] += hit and not ref_hit
