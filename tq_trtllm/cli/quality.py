@@ -128,6 +128,9 @@ def needle(engines, lengths, seeds, filler, graded, as_json, device):
     from ..integrations.cache import TurboQuantCache
 
     lengths, seeds = _lengths(lengths), _seeds(seeds)
+    if "fp16" in (Path(e).name for e in engines):  # before the model loads
+        raise TQError("an engine directory is named 'fp16', the name of the FP16 cache's "
+                      "results; rename the directory")
     loaded, opened = _open_engines(engines)
     for n in lengths:
         check_length(n, loaded.max_context, 8)
@@ -135,9 +138,6 @@ def needle(engines, lengths, seeds, filler, graded, as_json, device):
     first = opened[0][2]
     factories = {"fp16": lambda: RoundtripCache("fp16", len(first.layers), first.head_dim)}
     for name, _, table in opened:
-        if name == "fp16":
-            raise TQError("an engine directory is named 'fp16', the name of the FP16 cache's "
-                          "results; rename the directory")
         factories[name] = lambda table=table: TurboQuantCache(table, backend=backend)
     corpus_ids, source = None, "repeated passage"
     if filler is not None:
