@@ -562,16 +562,19 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(AttnArgs a, int
   const float shift = a.cache.page_lse_shift ? a.cache.page_lse_shift[hq] * kLog2e : 0.0f;
   // The value codec's channels, factors and means at this lane's dims (the output's inverse
   // rotation), read before the wait as well: after it, only the workspace reads stand between the
-  // split pass's end and the output.
+  // split pass's end and the output. Only warp 0 writes the output, so only it reads them.
   const CodecLayout& vl = a.cache.codec[1];
-  const LaneRotation<D> vr = lane_rotation<D>(vl, kvh);
-  float v_mean[E], v_own[E] = {};  // v_own: the own position's value (zeros without one)
-  const T* v_row = s_own == -INFINITY ? nullptr : static_cast<const T*>(a.new_kv[1]) +
-                                                      (int64_t(b) * a.q_len + j) * a.new_stride + int64_t(kvh) * D;
+  LaneRotation<D> vr{};
+  float v_mean[E] = {}, v_own[E] = {};  // v_own: the own position's value (zeros without one)
+  if (warp == 0) {
+    vr = lane_rotation<D>(vl, kvh);
+    const T* v_row = s_own == -INFINITY ? nullptr : static_cast<const T*>(a.new_kv[1]) +
+                                                        (int64_t(b) * a.q_len + j) * a.new_stride + int64_t(kvh) * D;
 #pragma unroll
-  for (int e = 0; e < E; ++e) {
-    v_mean[e] = mean_of(vl, kvh, vr.ch[e]);
-    if (v_row) v_own[e] = to_float(v_row[vr.ch[e]]);
+    for (int e = 0; e < E; ++e) {
+      v_mean[e] = mean_of(vl, kvh, vr.ch[e]);
+      if (v_row) v_own[e] = to_float(v_row[vr.ch[e]]);
+    }
   }
   // Launched early (programmatic dependent launch): wait until the split pass's writes are visible.
   asm volatile("griddepcontrol.wait;" ::: "memory");
