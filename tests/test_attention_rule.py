@@ -4,6 +4,7 @@ and each query's own position through the new tokens' exact key and value where 
 import pytest
 import torch
 
+from tq_trtllm.core import attention
 from tq_trtllm.core.attention import bottom_right_causal, masked_attention, reference_attention
 
 
@@ -76,3 +77,20 @@ def test_a_masked_own_position_is_not_seen_and_an_empty_row_gives_zero(gen):
     seen_only = masked_attention(q[..., 1:2, :], k[..., :3, :], v[..., :3, :], 0.5,
                                  torch.ones(1, 3, dtype=torch.bool))[0]
     assert torch.allclose(out[..., 1:2, :], seen_only, atol=1e-6)
+
+
+@pytest.mark.parametrize("budget", [1, 600, 1000])
+def test_rows_taken_in_chunks_attend_as_all_rows_at_once(budget, gen, monkeypatch):
+    # 2 x 4 heads x (20 cache + 5 exact) = 200 logits a row: chunks of 1, 3 and 5 of the 7 rows,
+    # each with its rows of the batched mask, the per-row bias and the recent band
+    t, s = 7, 20
+    q = torch.randn(2, 4, t, 16, generator=gen)
+    k, v = torch.randn(2, 2, 2, s, 16, generator=gen)
+    exact = tuple(torch.randn(2, 2, 2, 5, 16, generator=gen))
+    allowed = bottom_right_causal(t, s) & (torch.rand(2, 1, t, s, generator=gen) > 0.3)
+    bias = torch.randn(1, 4, t, s, generator=gen)
+    want = masked_attention(q, k, v, 0.3, allowed, exact, 3, bias)
+    monkeypatch.setattr(attention, "LOGITS_PER_CHUNK", budget)
+    got = masked_attention(q, k, v, 0.3, allowed, exact, 3, bias)
+    assert torch.allclose(got[0], want[0], atol=1e-6) and torch.equal(got[1].isinf(), want[1].isinf())
+    assert torch.allclose(got[1].nan_to_num(neginf=0.0), want[1].nan_to_num(neginf=0.0), atol=1e-6)

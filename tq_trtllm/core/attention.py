@@ -21,6 +21,10 @@ def bottom_right_causal(q_len: int, kv_len: int, device=None) -> torch.Tensor:
     return recent_band(q_len, kv_len, kv_len, device)
 
 
+# float32 logits per chunk of query rows (256 MiB): a dense 8,000-token prompt at once took 25-45 GB
+LOGITS_PER_CHUNK = 1 << 26
+
+
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                      allowed: torch.Tensor,
                      exact: tuple[torch.Tensor, torch.Tensor] | None = None, recent: int = 1,
@@ -33,32 +37,52 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     them through them instead of the cache (recent 1: its own position only). bias, broadcastable
     to [..., Hq, T, S], is added to the logits of the positions read through the cache.
     Returns float32 (output [..., Hq, T, d], natural-log log-sum-exp [..., Hq, T]); a row that sees
-    nothing gets output 0 and lse -inf.
+    nothing gets output 0 and lse -inf. Rows are taken in chunks of at most LOGITS_PER_CHUNK logits.
     """
     group = q.shape[-3] // k.shape[-3]
     t, s = q.shape[-2], k.shape[-2]
-    qf = q.float()
     kf, vf = (x.float().repeat_interleave(group, dim=-3) for x in (k, v))
+    ek = ev = band = None
+    if exact is not None:
+        ek, ev = (x.float().repeat_interleave(group, dim=-3) for x in exact)
+        band = recent_band(t, ek.shape[-2], recent, q.device)  # [T, n]: the exact rows each query takes
+        vf = torch.cat([vf, ev], dim=-2)
+    per_row = q[..., 0, 0].numel() * vf.shape[-2]
+    step = max(1, LOGITS_PER_CHUNK // max(1, per_row))
+    parts = [_attend_rows(q[..., a:a + step, :].float(), kf, vf, ek, scale, _rows(allowed, a, step, t),
+                          None if band is None else band[a:a + step], _rows(bias, a, step, t))
+             for a in range(0, t, step)]
+    return torch.cat([p[0] for p in parts], dim=-2), torch.cat([p[1] for p in parts], dim=-1)
+
+
+def _rows(x: torch.Tensor | None, start: int, count: int, t: int) -> torch.Tensor | None:
+    """Rows start .. start + count of a mask or bias broadcastable to [..., T, S]."""
+    if x is None or x.dim() < 2 or x.shape[-2] != t:
+        return x
+    return x[..., start:start + count, :]
+
+
+def _attend_rows(qf, kf, vf, ek, scale, allowed, band, bias):
+    """masked_attention for a chunk of query rows: qf float32 [..., Hq, t, d]; kf [..., Hq, S, d];
+    vf the values of the cache followed by the exact ones (if any), ek the exact keys (or None) and
+    band their [t, n] rule for these rows."""
+    s = kf.shape[-2]
     logits = qf @ kf.transpose(-1, -2) * scale
     if bias is not None:
         logits = logits + bias
-    if exact is None:
+    if ek is None:
         logits = logits.masked_fill(~allowed, float("-inf"))
-        values = vf
     else:
-        n = exact[0].shape[-2]
-        band = recent_band(t, n, recent, q.device)  # [T, n]: the exact rows each query takes
-        in_band = torch.zeros(t, s, dtype=torch.bool, device=q.device)
+        n = ek.shape[-2]
+        in_band = torch.zeros(band.shape[0], s, dtype=torch.bool, device=qf.device)
         in_band[:, s - n:] = band
-        ek, ev = (x.float().repeat_interleave(group, dim=-3) for x in exact)
         elogits = (qf @ ek.transpose(-1, -2) * scale).masked_fill(
             ~(band & allowed.expand(logits.shape)[..., s - n:]), float("-inf"))
         logits = torch.cat([logits.masked_fill(~allowed | in_band, float("-inf")), elogits], dim=-1)
-        values = torch.cat([vf, ev], dim=-2)
     lse = torch.logsumexp(logits, dim=-1)
     # rows that see nothing (lse = -inf) get weight 0; keep their output finite
     p = torch.exp(logits - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])
-    return p @ values, lse
+    return p @ vf, lse
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,
