@@ -172,6 +172,14 @@ def test_needle_compares_several_engines_over_several_seeds(engine, checkpoint, 
         [(r["key"], r["answers"][engine.name]) for r in rows if r["seed"] == 2]
     assert_clean_error(invoke(tq_eval, "needle", "--engine", engine, "--seeds", "0-x"),
                        "is not a seed, a range")
+    # --depths: only those prompts, each the one the default depths ask at that depth
+    far = json.loads(invoke(tq_eval, "needle", "--engine", engine, "--lengths", "64", "--seeds",
+                            "0-2", "--depths", "0.1", "--json").stdout)
+    assert far["depths"] == [0.1] and far["prompts_per_length"] == 3
+    assert [(r["seed"], r["key"], r["answers"][engine.name]) for r in far["answers"]] == \
+        [(r["seed"], r["key"], r["answers"][engine.name]) for r in rows if r["depth"] == 0.1]
+    assert_clean_error(invoke(tq_eval, "needle", "--engine", engine, "--depths", "0.5,1.5"),
+                       "give depths between 0")
     named_fp16 = tmp_path / "fp16"
     shutil.copytree(engine, named_fp16)
     assert_clean_error(invoke(tq_eval, "needle", "--engine", named_fp16, "--lengths", "64"),

@@ -10,6 +10,7 @@ import click
 from ..core.errors import TQError
 from ..eval.baselines import BASELINES
 from ..eval.corpus import EVALUATION_BOOK, read_corpus
+from ..eval.needle import DEPTHS
 from .common import clean_errors, device_option, place_model
 
 
@@ -100,6 +101,17 @@ def _seeds(text: str) -> list[int]:
     return values
 
 
+def _depths(text: str) -> list[float]:
+    """'0.1,0.5,0.9' -> those relative depths of the key in the filler."""
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a comma-separated list of depths") from None
+    if not values or not all(0.0 <= v <= 1.0 for v in values):
+        raise click.BadParameter("give depths between 0 (the start of the filler) and 1 (its end)")
+    return values
+
+
 @click.command(help="Passkey retrieval accuracy, FP16 cache vs each engine's cache, same prompts.")
 @click.option("--engine", "engines", multiple=True, type=click.Path(), required=True,
               help="Engine directory; repeat to compare several engines of one model.")
@@ -108,6 +120,9 @@ def _seeds(text: str) -> list[int]:
 @click.option("--seeds", "--seed", "seeds", default="0", show_default=True,
               help="Seeds of the keys (and filler stretches): one, a range such as 0-14, or a "
                    "comma-separated list; each gives one prompt per length and depth.")
+@click.option("--depths", default=",".join(f"{d:g}" for d in DEPTHS), show_default=True,
+              help="Comma-separated relative depths of the key in the filler (0: its start, "
+                   "furthest from the question); one prompt per seed, length and depth.")
 @click.option("--filler", default=None,
               help="Text file or austen:BOOK whose running text fills each prompt, a different "
                    "stretch per prompt (default: one short passage repeated, whose prompts of one "
@@ -120,14 +135,14 @@ def _seeds(text: str) -> list[int]:
               help="Print one JSON object (with every prompt's answers under 'answers').")
 @device_option
 @clean_errors
-def needle(engines, lengths, seeds, filler, graded, as_json, device):
+def needle(engines, lengths, seeds, depths, filler, graded, as_json, device):
     from tqdm import tqdm
 
     from ..eval.baselines import RoundtripCache
-    from ..eval.needle import DEPTHS, check_length, graded_changes, paired_changes, passkey_accuracy
+    from ..eval.needle import check_length, graded_changes, paired_changes, passkey_accuracy
     from ..integrations.cache import TurboQuantCache
 
-    lengths, seeds = _lengths(lengths), _seeds(seeds)
+    lengths, seeds, depths = _lengths(lengths), _seeds(seeds), _depths(depths)
     if "fp16" in (Path(e).name for e in engines):  # before the model loads
         raise TQError("an engine directory is named 'fp16', the name of the FP16 cache's "
                       "results; rename the directory")
@@ -143,15 +158,15 @@ def needle(engines, lengths, seeds, filler, graded, as_json, device):
     if filler is not None:
         text, source = read_corpus(filler)
         corpus_ids = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
-    bar = tqdm(total=len(seeds) * len(lengths) * len(DEPTHS) * len(factories),
+    bar = tqdm(total=len(seeds) * len(lengths) * len(depths) * len(factories),
                desc="passkey prompts")  # stderr
     results, rows = passkey_accuracy(loaded.model, loaded.tokenizer, lengths, factories, seeds,
-                                     progress=bar.update, corpus_ids=corpus_ids, graded=graded)
+                                     depths, progress=bar.update, corpus_ids=corpus_ids, graded=graded)
     bar.close()
     names = [name for name, _, _ in opened]
     changes = {name: paired_changes(rows, name) for name in names}
-    out = {"lengths": lengths, "seeds": seeds, "depths": list(DEPTHS), "filler": source,
-           "prompts_per_length": len(seeds) * len(DEPTHS), "accuracy": results,
+    out = {"lengths": lengths, "seeds": seeds, "depths": depths, "filler": source,
+           "prompts_per_length": len(seeds) * len(depths), "accuracy": results,
            "changes": changes, "equal": {name: results["fp16"] == results[name] for name in names},
            "answers": rows}
     if graded:
