@@ -75,11 +75,17 @@ def ppl(engines, baselines, corpus, max_tokens, window, as_json, device):
                        f"({r['windows']} x {r['window_tokens']} tokens)")
 
 
-def _lengths(text: str) -> list[int]:
+def _comma_list(text: str, convert, what: str) -> list:
+    """The comma-separated values of an option, each through `convert`; `what` names them in the
+    error."""
     try:
-        values = [int(v) for v in text.split(",") if v.strip()]
+        return [convert(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise click.BadParameter(f"{text!r} is not a comma-separated list of token counts") from None
+        raise click.BadParameter(f"{text!r} is not a comma-separated list of {what}") from None
+
+
+def _lengths(text: str) -> list[int]:
+    values = _comma_list(text, int, "token counts")
     if not values or min(values) < 64:
         raise click.BadParameter("give context lengths of at least 64 tokens")
     return values
@@ -103,10 +109,7 @@ def _seeds(text: str) -> list[int]:
 
 def _depths(text: str) -> list[float]:
     """'0.1,0.5,0.9' -> those relative depths of the key in the filler."""
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise click.BadParameter(f"{text!r} is not a comma-separated list of depths") from None
+    values = _comma_list(text, float, "depths")
     if not values or not all(0.0 <= v <= 1.0 for v in values):
         raise click.BadParameter("give depths between 0 (the start of the filler) and 1 (its end)")
     return values
