@@ -203,10 +203,10 @@ def test_too_long_prompt_is_refused(engine):
 
 @pytest.mark.parametrize("args, fragments", [
     (("--model", "gpt2"), ("'gpt2' is not supported", "llama, mistral, qwen2")),
-    (("--kv-bits", "5"), ("KV width 5 is not supported",)),
+    (("--kv-bits", "6"), ("KV width 6 is not supported",)),
     (("--kv-bits", "k3v7"), ("KV width 7 is not supported",)),
     (("--kv-bits", "three"), ("not a number",)),
-    (("--kv-bits", "1.5"), ("takes widths from 2 to 4 bits",)),
+    (("--kv-bits", "1.5"), ("takes widths from 2 to 5 bits",)),
     (("--backend", "trtllm"), ("TensorRT-LLM engine path is not available yet",)),
     (("--checkpoint", "/nonexistent/model.gguf"), ("does not exist",)),
     (("--calib-text", "/nonexistent/text.txt"), ("does not exist",)),

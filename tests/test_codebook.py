@@ -34,7 +34,7 @@ def test_exact_marginal_at_d128_is_slightly_narrower():
 
 
 @pytest.mark.parametrize("dim", [16, 32, 64, 256])
-@pytest.mark.parametrize("bits", [1, 2, 3, 4])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5])
 def test_codebook_is_symmetric_ascending_and_a_fixed_point(dim, bits):
     c = lloyd_max(dim, bits)
     assert len(c) == 2**bits
@@ -53,8 +53,8 @@ def test_exact_approaches_gaussian_in_high_dimension():
     np.testing.assert_allclose(exact, gauss, rtol=2e-3)
 
 
-@pytest.mark.parametrize("bits", [0, 5])
-def test_bits_outside_1_to_4_are_refused(bits):
+@pytest.mark.parametrize("bits", [0, 6])
+def test_bits_outside_1_to_5_are_refused(bits):
     with pytest.raises(TQError, match="bits per coordinate is not supported"):
         lloyd_max(128, bits)
 

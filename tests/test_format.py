@@ -13,7 +13,7 @@ from tq_trtllm.core.quantizer import VectorCodec
 from tq_trtllm.core.spec import SUPPORTED_WIDTHS, CodecSpec, check_format_version, parse_kv_bits
 
 FORMAT_MD = Path(__file__).resolve().parents[1] / "docs" / "FORMAT.md"
-PLANES = {1: [1], 2: [2], 3: [2, 1], 4: [4]}  # FORMAT.md section 3, as the document states it
+PLANES = {1: [1], 2: [2], 3: [2, 1], 4: [4], 5: [4, 1]}  # FORMAT.md section 3, as the document states it
 
 
 def documented_bytes_per_token():
@@ -99,9 +99,11 @@ def test_codes_are_nearest_centroid_indices(gen):
 
 
 def test_unknown_format_version_is_refused():
-    check_format_version(2)
-    with pytest.raises(TQError, match="version 1 is not readable"):
-        check_format_version(1)
+    check_format_version(2)  # version 2's bytes are version 3's: engines built before stay readable
+    check_format_version(3)
+    for version in (1, 4):
+        with pytest.raises(TQError, match=f"version {version} is not readable"):
+            check_format_version(version)
 
 
 @pytest.mark.parametrize("tokens", [0, 8, 24, -16])
@@ -115,4 +117,4 @@ def test_kv_bit_pairs_parse():
     assert parse_kv_bits("k4v3") == (4.0, 3.0)
     assert parse_kv_bits("K3.5V2.5") == (3.5, 2.5)
     with pytest.raises(TQError, match="KV width"):
-        parse_kv_bits("k5v3")
+        parse_kv_bits("k6v3")

@@ -87,7 +87,7 @@ def _rewrite_header(path, edit):
 
 @pytest.mark.parametrize("edit, message", [
     (lambda h, t: h.update(version=99), "version 99"),
-    (lambda h, t: h["layers"][0].update(key_width=5), "not supported"),
+    (lambda h, t: h["layers"][0].update(key_width=6), "not supported"),
     (lambda h, t: h["layers"].pop(), "lists 1 layers"),
     (lambda h, t: t.update({"layers.0.key_mean": torch.zeros(3, 64)}), r"shape \[3, 64\]"),
     (lambda h, t: t.update({"layers.0.key_scale": -torch.ones(2, 64)}), "not positive"),

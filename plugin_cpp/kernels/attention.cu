@@ -56,8 +56,8 @@ __host__ __device__ inline SmemPlan smem_plan(const PageShape& kt, const PageSha
   SmemPlan p{};
   p.q_half = 0;                                      // __half[16][D + 8], then the rotary tables
   const int q_bytes = kRows * (D + 8) * 2;
-  p.tables = (rotary && kRotBytes > q_bytes ? kRotBytes : q_bytes + 15) / 16 * 16;  // ByteTables[2][2]
-  p.stages = p.tables + 2 * TQ_MAX_GROUPS * int(sizeof(ByteTables));  // per warp: kStages x (K, V chunk)
+  p.tables = (rotary && kRotBytes > q_bytes ? kRotBytes : q_bytes + 15) / 16 * 16;  // ByteTables[2][4] (fill_byte_tables)
+  p.stages = p.tables + kByteTablesBytes;  // per warp: kStages x (K, V chunk)
   p.stage_bytes = kt.page_bytes + vt.page_bytes;
   const int loop_bytes = p.stages + kWarps * kStages * p.stage_bytes;
   p.combine = 0;                                     // float O[4][16][D], float2 ml[4][16]
@@ -75,9 +75,9 @@ __device__ inline PageShape tile_shape(const PageShape& runtime) {
   else return runtime;
 }
 
-// KG, VG: groups of the key and value codecs; KB, VB: their group-0 bits, or 0 for any width.
-// NR: query-row n tiles (8 rows each) of the transposed products.
-template <int D, int KG, int VG, int KB, int VB, int NR, typename T>
+// KG, VG: groups of the key and value codecs; KB, VB: their group-0 bits, or 0 for any width of at
+// most MAXB bits. NR: query-row n tiles (8 rows each) of the transposed products.
+template <int D, int KG, int VG, int KB, int VB, int MAXB, int NR, typename T>
 __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_kernel(AttnArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
   const CodecLayout& kc = a.cache.codec[0];
   const SmemPlan plan = smem_plan<D>(kt, vt, kc.rotary_pairs > 0);
   __half* q_s = reinterpret_cast<__half*>(smem + plan.q_half);
-  ByteTables* tables = reinterpret_cast<ByteTables*>(smem + plan.tables);  // [kv * 2 + group]
+  ByteTables* tables = reinterpret_cast<ByteTables*>(smem + plan.tables);  // code_tables(kv * 2 + group)
 
   const int row0 = rt * kRows;
   const CtaKeys keys = cta_keys(a, b, split, row0, kRows);
@@ -296,9 +296,9 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
 #pragma unroll
       for (int g = 0; g < KG; ++g) {
         float sg[NR][2][4] = {};
-        with_bits(kt.group[g].bits, [&](auto bits) {
+        with_bits<MAXB>(kt.group[g].bits, [&](auto bits) {
           constexpr int BITS = decltype(bits)::value;
-          const ByteTables table = tables[g];
+          const CodeTables<BITS> table = code_tables<BITS>(tables, g);
           uint32_t ka[2][KCNT / 2];
 #pragma unroll
           for (int t = 0; t < 2; ++t) {
@@ -422,9 +422,9 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
           pb[nr][0] = transpose_8x8(pack_float2(p[nr][0] * nv[0], p[nr][1] * nv[0]));
           pb[nr][1] = transpose_8x8(pack_float2(p[nr][2] * nv[1], p[nr][3] * nv[1]));
         }
-        with_bits(vt.group[g].bits, [&](auto bits) {
+        with_bits<MAXB>(vt.group[g].bits, [&](auto bits) {
           constexpr int BITS = decltype(bits)::value;
-          const ByteTables table = tables[2 + g];
+          const CodeTables<BITS> table = code_tables<BITS>(tables, 2 + g);
           uint32_t vp[2][VCNT];  // tokens (2tig, 2tig+1) and (2tig+8, 2tig+9), slot by slot
 #pragma unroll
           for (int t = 0; t < 2; ++t) {
@@ -764,18 +764,25 @@ size_t slots_bound(int batch, int q_len, int group, int num_kv_heads, int max_kv
   return size_t(std::min(bound, int64_t(batch) * num_kv_heads * pp.row_tiles * kRows * steps));
 }
 
-// The split kernel for these codecs: specialized for the common equal K/V integer widths.
+// The generic split kernel for these codecs' groups, decoding codes of up to MAXB bits.
+template <int D, int MAXB, int NR, typename T>
+void (*generic_split_kernel(int kg, int vg))(AttnArgs) {
+  if (kg == 1) return vg == 1 ? attention_split_kernel<D, 1, 1, 0, 0, MAXB, NR, T> : attention_split_kernel<D, 1, 2, 0, 0, MAXB, NR, T>;
+  return vg == 1 ? attention_split_kernel<D, 2, 1, 0, 0, MAXB, NR, T> : attention_split_kernel<D, 2, 2, 0, 0, MAXB, NR, T>;
+}
+
+// The split kernel for these codecs: specialized for the common equal K/V integer widths, else
+// generic.
 template <int D, int NR, typename T>
 void (*split_kernel_for(const CacheView& c))(AttnArgs) {
   const int kg = c.codec[0].num_groups, vg = c.codec[1].num_groups;
   const int kb = c.codec[0].group[0].bits, vb = c.codec[1].group[0].bits;
   if (kg == 1 && vg == 1 && kb == vb) {
-    if (kb == 3) return attention_split_kernel<D, 1, 1, 3, 3, NR, T>;
-    if (kb == 4) return attention_split_kernel<D, 1, 1, 4, 4, NR, T>;
-    if (kb == 2) return attention_split_kernel<D, 1, 1, 2, 2, NR, T>;
+    if (kb == 3) return attention_split_kernel<D, 1, 1, 3, 3, 3, NR, T>;
+    if (kb == 4) return attention_split_kernel<D, 1, 1, 4, 4, 4, NR, T>;
+    if (kb == 2) return attention_split_kernel<D, 1, 1, 2, 2, 2, NR, T>;
   }
-  if (kg == 1) return vg == 1 ? attention_split_kernel<D, 1, 1, 0, 0, NR, T> : attention_split_kernel<D, 1, 2, 0, 0, NR, T>;
-  return vg == 1 ? attention_split_kernel<D, 2, 1, 0, 0, NR, T> : attention_split_kernel<D, 2, 2, 0, 0, NR, T>;
+  return has_5bit_codes(c) ? generic_split_kernel<D, 5, NR, T>(kg, vg) : generic_split_kernel<D, 4, NR, T>(kg, vg);
 }
 
 template <int D, typename T>

@@ -230,23 +230,31 @@ __device__ inline void rotate_query_row(const AttnArgs& a, const LaneRotation<D>
   for (int e = 0; e < D / 32; ++e) x[e] *= a.q_scale;
 }
 
-// The K and V codebooks as byte-permute tables (tile_decode.cuh), tables[kv * 2 + group]; written
-// by the CTA's first 32 threads, one word each.
+// The K and V codebooks as byte-permute tables (tile_decode.cuh), two per codebook kv * 2 + group
+// (code_tables); written by the CTA's first 64 threads, one word each.
+constexpr int kByteTablesBytes = 2 * 2 * TQ_MAX_GROUPS * int(sizeof(ByteTables));
 __device__ inline void fill_byte_tables(ByteTables* tables, const CacheView& cache) {
-  if (threadIdx.x >= 2 * TQ_MAX_GROUPS * 8) return;
-  const int kv = threadIdx.x / 16, g = (threadIdx.x / 8) % 2, w = threadIdx.x % 8;
+  if (threadIdx.x >= 2 * 2 * TQ_MAX_GROUPS * 8) return;
+  const int kv = threadIdx.x / 32, g = (threadIdx.x / 16) % 2, half = (threadIdx.x / 8) % 2;
+  const int w = threadIdx.x % 8;  // lo[0..3], then hi[0..3]
   const CodecLayout& cl = cache.codec[kv];
   uint32_t word = 0;
-  for (int k = 4 * (w % 4); k < 4 * (w % 4) + 4; ++k) {
+  for (int k = 16 * half + 4 * (w % 4); k < 16 * half + 4 * (w % 4) + 4; ++k) {
     const bool used = g < cl.num_groups && k < (1 << cl.group[g].bits);
     const uint32_t bits = __half_as_ushort(__float2half_rn(used ? cl.codebook[g][k] : 0.0f));
     word |= ((w < 4 ? bits : bits >> 8) & 0xffu) << (8 * (k % 4));
   }
-  reinterpret_cast<uint32_t*>(tables + kv * 2 + g)[w] = word;  // lo[0..3] then hi[0..3]
+  reinterpret_cast<uint32_t*>(tables + 2 * (kv * 2 + g) + half)[w] = word;
 }
 
 __device__ inline float tile_norm(const uint8_t* tile, const PageShape& tl, int g, int token) {
   return __half2float(reinterpret_cast<const __half*>(tile + tl.norm_off)[g * tl.tokens + token]);
+}
+
+// Whether a group of K or V has 5-bit codes (group 0 is the wider): such codecs get the kernels
+// instantiated with MAXB 5, the others kernels without the 5-bit path.
+inline bool has_5bit_codes(const CacheView& c) {
+  return c.codec[0].group[0].bits == 5 || c.codec[1].group[0].bits == 5;
 }
 
 // The prefill pass (prefill_attention.cu) writes one partial state per split of every query row,

@@ -101,7 +101,7 @@ __device__ inline int code_at(const uint8_t* page, const CodecLayout& l, int g, 
   if (gl.hi_off >= 0) {
     const uint32_t* hi =
         reinterpret_cast<const uint32_t*>(page + gl.hi_off + slot * gl.hi_row_bytes);
-    code |= ((hi[i >> 5] >> hi_plane_bit(i & 31)) & 1u) << 2;
+    code |= ((hi[i >> 5] >> hi_plane_bit(gl.bits, i & 31)) & 1u) << gl.lo_bits;
   }
   return code;
 }

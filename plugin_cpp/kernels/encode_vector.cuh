@@ -62,14 +62,14 @@ __device__ inline void encode_vector(const CodecLayout& l, int head, const T* x,
   for (int e = 0; e < E; ++e) dot += p[e] * l.codebook[g][code[e]];
   dot = group_sum(dot, gl.dim / E);
   const float gain = dot > 0.0f ? norm / dot : norm;
-  // Pack: the low plane, then (3-bit codes) the high plane, then the gain in the norm field.
+  // Pack: the low plane, then (3- and 5-bit codes) the high plane, then the gain in the norm field.
   const int i0 = lane * E - gl.start;  // this lane's first group coordinate
   uint32_t lo = 0, hi = 0;
 #pragma unroll
   for (int e = 0; e < E; ++e) {
     const int i = i0 + e;
     lo |= uint32_t(code[e] & ((1 << gl.lo_bits) - 1)) << ((i * gl.lo_bits) & 31);
-    hi |= uint32_t(code[e] >> 2 & 1) << hi_plane_bit(i & 31);
+    hi |= uint32_t(code[e] >> gl.lo_bits & 1) << hi_plane_bit(gl.bits, i & 31);
   }
   // A group's lanes cover whole words: the first lane of each word stores it.
   const int lo_lanes = 32 / gl.lo_bits / E, hi_lanes = 32 / E;

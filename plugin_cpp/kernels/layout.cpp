@@ -33,9 +33,9 @@ tq_status make_layout(const tq_codec* codec, int tokens, const char* what, Codec
     if (n != d / g_count)
       return fail(TQ_ERR_INVALID_ARGUMENT, "%s group %d has %d coordinates; with %d group(s) of "
                   "head_dim %d each group has %d", what, g, n, g_count, d, d / g_count);
-    if (b < 1 || b > 4)
-      return fail(TQ_ERR_UNSUPPORTED_BITS, "%s group %d has %d bits per coordinate; use 1, 2, 3 "
-                  "or 4", what, g, b);
+    if (b < 1 || b > TQ_MAX_BITS)
+      return fail(TQ_ERR_UNSUPPORTED_BITS, "%s group %d has %d bits per coordinate; use 1 to %d",
+                  what, g, b, TQ_MAX_BITS);
     if (g_count == 2 && codec->group_bits[0] != codec->group_bits[1] + 1)
       return fail(TQ_ERR_UNSUPPORTED_BITS, "%s fractional width needs group bits {b+1, b}, got "
                   "{%d, %d}", what, codec->group_bits[0], codec->group_bits[1]);

@@ -12,10 +12,10 @@ struct GroupLayout {
   int start;         // first permuted coordinate of the group
   int dim;           // n_g
   int bits;          // b_g
-  int lo_bits;       // width of the low plane: 4, 2 or 1 (3-bit codes: 2, plus a 1-bit high plane)
+  int lo_bits;       // width of the low plane: 4, 2 or 1 (3- and 5-bit codes: 2 and 4, plus a 1-bit high plane)
   int lo_off;        // byte offset of the low plane's uint32[T][row] array in the page
   int lo_row_bytes;  // bytes of one token's row in the low plane
-  int hi_off;        // byte offset of the 1-bit high plane (3-bit codes only), else -1
+  int hi_off;        // byte offset of the 1-bit high plane (3- and 5-bit codes only), else -1
   int hi_row_bytes;
 };
 
@@ -29,10 +29,14 @@ struct PageShape {
   GroupLayout group[TQ_MAX_GROUPS];
 };
 
-// FORMAT.md section 3: the bit of a high-plane word (3-bit codes) holding coordinate r of its 32:
-// nibble order, beside the low-plane bits of the same code pair.
-__host__ __device__ constexpr int hi_plane_bit(int r) {
-  return 4 * ((r & 15) >> 1) + 2 - 2 * ((r >> 4) & 1) + (r & 1);
+// FORMAT.md section 3: the low plane's width; 3- and 5-bit codes keep their top bit in a 1-bit
+// high plane.
+__host__ __device__ constexpr int low_plane_bits(int bits) { return bits == 3 ? 2 : bits == 5 ? 4 : bits; }
+
+// The bit of a high-plane word holding coordinate r of its 32: for 3-bit codes nibble order, beside
+// the low-plane bits of the same code pair; for 5-bit codes plain order.
+__host__ __device__ constexpr int hi_plane_bit(int bits, int r) {
+  return bits == 5 ? r : 4 * ((r & 15) >> 1) + 2 - 2 * ((r >> 4) & 1) + (r & 1);
 }
 
 // FORMAT.md section 5: per group its planes (low first), then the norms. bits1 is ignored for one
@@ -48,9 +52,9 @@ __host__ __device__ constexpr PageShape page_shape(int head_dim, int num_groups,
     gl.dim = head_dim / num_groups;
     gl.start = g * gl.dim;
     gl.bits = g == 0 ? bits0 : bits1;
-    gl.lo_bits = gl.bits == 3 ? 2 : gl.bits;
+    gl.lo_bits = low_plane_bits(gl.bits);
     gl.lo_row_bytes = gl.dim * gl.lo_bits / 8;
-    gl.hi_row_bytes = gl.bits == 3 ? gl.dim / 8 : 0;
+    gl.hi_row_bytes = gl.lo_bits != gl.bits ? gl.dim / 8 : 0;
     gl.lo_off = offset;
     offset += tokens * gl.lo_row_bytes;
     gl.hi_off = gl.hi_row_bytes ? offset : -1;
@@ -63,8 +67,8 @@ __host__ __device__ constexpr PageShape page_shape(int head_dim, int num_groups,
 
 struct CodecLayout : PageShape {
   int head_dim;
-  float codebook[TQ_MAX_GROUPS][16];
-  float boundary[TQ_MAX_GROUPS][15];  // decision boundaries (c_k + c_{k+1}) / 2, computed in double
+  float codebook[TQ_MAX_GROUPS][1 << TQ_MAX_BITS];
+  float boundary[TQ_MAX_GROUPS][(1 << TQ_MAX_BITS) - 1];  // decision boundaries (c_k + c_{k+1}) / 2, computed in double
   uint32_t seed;
   const int32_t* perm;  // device [H][D] or null
   const float* mean;

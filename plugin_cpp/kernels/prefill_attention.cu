@@ -48,7 +48,7 @@ __host__ __device__ inline PrefillSmem prefill_smem(const PageShape& kt, const P
   p.kv = kPrefillRows * (D + kPad) * 2;
   p.gains = p.kv + 2 * kPfTokens * (D + kPad) * 2;
   p.tables = p.gains + 2 * TQ_MAX_GROUPS * kPfTokens * 4;
-  p.flags = p.tables + 2 * TQ_MAX_GROUPS * int(sizeof(ByteTables));
+  p.flags = p.tables + kByteTablesBytes;
   p.rot = p.flags + 2 * 2 * kPfTiles * 4;
   p.stage = p.rot + (rotary ? (kPrefillRows + 2 * kPfTokens) * kRotLd * 2 : 0);
   p.stage_bytes = kPfTiles * (kt.page_bytes + vt.page_bytes);
@@ -69,8 +69,8 @@ __device__ inline int run_position(const PageShape& s, int c) {
   return c0 + run_coord_slot(s.group[g].bits, kRun, c & (kRun - 1));
 }
 
-// KG, VG: groups of the key and value codecs.
-template <int D, int KG, int VG, typename T>
+// KG, VG: groups of the key and value codecs; MAXB: the widest code the kernel decodes.
+template <int D, int KG, int VG, int MAXB, typename T>
 __global__ void __launch_bounds__(32 * kPrefillWarps, kPrefillCtasPerSm) prefill_kernel(AttnArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int LD = D + kPad;
@@ -161,10 +161,10 @@ __global__ void __launch_bounds__(32 * kPrefillWarps, kPrefillCtasPerSm) prefill
           gains[(kind * TQ_MAX_GROUPS + g) * kPfTokens + part * kTile + token] =
               token < valid ? tile_norm(tile, shape, g, token) : 0.0f;
         uint32_t pairs[kRun / 2];
-        with_bits(shape.group[g].bits, [&](auto bits) {
+        with_bits<MAXB>(shape.group[g].bits, [&](auto bits) {
           CodeRun<decltype(bits)::value, kRun> run;
           run.load(tile, shape.group[g], token, (c0 - shape.group[g].start) / kRun);
-          decode_pairs(run, tables[kind * 2 + g], pairs);
+          decode_pairs(run, code_tables<decltype(bits)::value>(tables, kind * 2 + g), pairs);
         });
         uint4* out = reinterpret_cast<uint4*>(dst + token * LD + c0);
 #pragma unroll
@@ -354,12 +354,19 @@ __global__ void __launch_bounds__(32 * kPrefillWarps, kPrefillCtasPerSm) prefill
 
 }  // namespace
 
+// The prefill kernel for these codecs' group counts, decoding codes of up to MAXB bits (a kernel
+// without the 5-bit path keeps its registers for the others).
+template <int D, int MAXB, typename T>
+void (*prefill_kernel_for(bool k1, bool v1))(AttnArgs) {
+  return k1 ? (v1 ? prefill_kernel<D, 1, 1, MAXB, T> : prefill_kernel<D, 1, 2, MAXB, T>)
+            : (v1 ? prefill_kernel<D, 2, 1, MAXB, T> : prefill_kernel<D, 2, 2, MAXB, T>);
+}
+
 template <int D, typename T>
 tq_status launch_prefill_pass(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
   const int bytes = prefill_smem<D>(a.tile[0], a.tile[1], a.cache.codec[0].rotary_pairs > 0).total;
   const bool k1 = a.cache.codec[0].num_groups == 1, v1 = a.cache.codec[1].num_groups == 1;
-  auto kernel = k1 ? (v1 ? prefill_kernel<D, 1, 1, T> : prefill_kernel<D, 1, 2, T>)
-                   : (v1 ? prefill_kernel<D, 2, 1, T> : prefill_kernel<D, 2, 2, T>);
+  auto kernel = has_5bit_codes(a.cache) ? prefill_kernel_for<D, 5, T>(k1, v1) : prefill_kernel_for<D, 4, T>(k1, v1);
   if (bytes > 48 * 1024 &&
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess)
     return fail(TQ_ERR_CUDA, "attention (prefill pass): cannot raise the shared memory limit to %d "

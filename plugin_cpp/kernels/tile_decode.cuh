@@ -5,7 +5,8 @@
 // selectors (slot_words), then into fp16 centroid pairs with register look-up tables
 // (decode_pairs: pairs of one token; decode_token_pairs: pairs of two tokens): one byte permute
 // per code plus, per 16 codes, a few masks and shifts (the format's high-plane order makes the
-// 3-bit selectors with masks, FORMAT.md section 3).
+// 3-bit selectors with masks, FORMAT.md section 3). 4- and 5-bit codes take about two and three
+// times those permutes, and a few selections: they serve the few layers the allocator makes wide.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -37,38 +38,53 @@ __host__ __device__ inline void load_plane_bits(const uint8_t* row, int first_bi
 
 template <int BITS, int CNT>
 struct CodeRun {
-  static constexpr int kLowBits = BITS == 3 ? 2 : BITS;  // 3-bit codes: 2-bit plane + 1-bit plane
+  static constexpr int kLowBits = low_plane_bits(BITS);  // 3- and 5-bit codes: + a 1-bit plane
   static constexpr int kLowWords = (CNT * kLowBits + 31) / 32;
   uint32_t lo[kLowWords];
-  // 3-bit codes (CNT <= 32): the run's high-plane word, shifted so that run coordinate i sits at
-  // hi_plane_bit(i), where coordinate i of a word sits (a run starts at a multiple of CNT).
+  // 3- and 5-bit codes (CNT <= 32): the run's high-plane word, shifted so that run coordinate i
+  // sits at hi_plane_bit(BITS, i), where coordinate i of a word sits (a run starts at a multiple
+  // of CNT).
   uint32_t hi[1];
 
   __host__ __device__ inline void load(const uint8_t* tile, const GroupLayout& g, int row, int part) {
     load_plane_bits<kLowWords>(tile + g.lo_off + row * g.lo_row_bytes, part * CNT * kLowBits, lo);
-    if constexpr (BITS == 3) {
+    if constexpr (kLowBits != BITS) {
       const int first = part * CNT;
       const uint32_t w = reinterpret_cast<const uint32_t*>(tile + g.hi_off + row * g.hi_row_bytes)[first >> 5];
-      hi[0] = (w << (2 * ((first >> 4) & 1))) >> (2 * (first & 15));
+      if constexpr (BITS == 3) hi[0] = (w << (2 * ((first >> 4) & 1))) >> (2 * (first & 15));
+      else hi[0] = w >> (first & 31);
     }
   }
   // Code of run coordinate i (tests and reference paths; the kernels use slot_words).
   __host__ __device__ inline uint32_t code(int i) const {
     uint32_t c = (lo[i * kLowBits / 32] >> (i * kLowBits % 32)) & ((1u << kLowBits) - 1);
-    if constexpr (BITS == 3) c |= ((hi[0] >> hi_plane_bit(i)) & 1u) << 2;
+    if constexpr (kLowBits != BITS) c |= ((hi[0] >> hi_plane_bit(BITS, i)) & 1u) << kLowBits;
     return c;
   }
 };
 
 // --- Register look-up tables: codes -> fp16 centroids with byte permutes (prmt), no memory. ---
-// A codebook of up to 16 fp16 centroids is held as two byte planes: lo[w] has the low bytes of
-// centroids 4w..4w+3, hi[w] the high bytes. prmt picks 4 bytes out of 8 by 4 selector nibbles, so
-// a selector whose nibbles are 4 codes (< 8) yields their 4 low bytes from (lo[0], lo[1]) and their
-// 4 high bytes from (hi[0], hi[1]); two more prmt interleave them into 2 fp16 pairs.
+// 16 fp16 centroids are held as two byte planes: lo[w] has the low bytes of centroids 4w..4w+3,
+// hi[w] the high bytes. prmt picks 4 bytes out of 8 by 4 selector nibbles, so a selector whose
+// nibbles are 4 codes (< 8) yields their 4 low bytes from (lo[0], lo[1]) and their 4 high bytes
+// from (hi[0], hi[1]); two more prmt interleave them into 2 fp16 pairs.
 struct ByteTables {
   uint32_t lo[4];
   uint32_t hi[4];
 };
+
+// A codebook of BITS-bit codes: one ByteTables, two for 5-bit codes (part[1]: codes 16..31), so
+// that narrower codes carry no registers for entries they cannot name.
+template <int BITS>
+struct CodeTables {
+  ByteTables part[BITS == 5 ? 2 : 1];
+};
+
+// Codebook i of an array that holds two ByteTables per codebook (entries 0..15, then 16..31).
+template <int BITS>
+__host__ __device__ inline const CodeTables<BITS>& code_tables(const ByteTables* tables, int i) {
+  return *reinterpret_cast<const CodeTables<BITS>*>(tables + 2 * i);
+}
 
 // Selector nibbles must be < 8 (bit 3 would select sign fill) and only the low 16 bits of `s`
 // count. On the device this is a bare PRMT: __byte_perm would first mask the selector with 0x7777,
@@ -86,16 +102,34 @@ __host__ __device__ inline uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t s
 #endif
 }
 
+// Byte k of the result is 0xff where nibble k of `sel` has bit `bit` set, else 0.
+__host__ __device__ inline uint32_t nibble_bit_mask(uint32_t sel, int bit) {
+  const uint32_t at2 = bit >= 2 ? sel >> (bit - 2) : sel << (2 - bit);  // the bit to nibble bit 2
+  return byte_perm(0u, 0xffffffffu, at2 & 0x4444u);
+}
+
+// The bytes that 4 codes below 16 (the nibbles of `sel`) select from the 16-entry plane p[0..3].
+// Nibble bit 3 would mean "sign fill" to prmt: both halves are looked up and bit 3 picks.
+__host__ __device__ inline uint32_t lookup_bytes16(uint32_t sel, const uint32_t* p) {
+  const uint32_t low3 = sel & 0x7777u, upper = nibble_bit_mask(sel, 3);  // 0xff: code >= 8
+  return (byte_perm(p[0], p[1], low3) & ~upper) | (byte_perm(p[2], p[3], low3) & upper);
+}
+
 // Centroids of the codes in the 4 low nibbles of `sel`, as fp16 pairs (code0, code1), (code2, code3).
+// 5-bit codes: `top` holds the codes' bit 4 at bit 0 of the same nibbles.
 template <int BITS>
-__host__ __device__ inline void lookup4(uint32_t sel, const ByteTables& t, uint32_t& v01,
-                                        uint32_t& v23) {
+__host__ __device__ inline void lookup4(uint32_t sel, const CodeTables<BITS>& ct, uint32_t& v01,
+                                        uint32_t& v23, uint32_t top = 0) {
+  const ByteTables& t = ct.part[0];
   uint32_t lo, hi;
-  if constexpr (BITS == 4) {  // nibble bit 3 would mean "sign fill" to prmt: pick by it instead
-    const uint32_t low3 = sel & 0x7777u;
-    const uint32_t upper = byte_perm(0u, 0xffffffffu, (sel >> 1) & 0x4444u);  // 0xff: code >= 8
-    lo = (byte_perm(t.lo[0], t.lo[1], low3) & ~upper) | (byte_perm(t.lo[2], t.lo[3], low3) & upper);
-    hi = (byte_perm(t.hi[0], t.hi[1], low3) & ~upper) | (byte_perm(t.hi[2], t.hi[3], low3) & upper);
+  if constexpr (BITS == 5) {
+    const ByteTables& u = ct.part[1];
+    const uint32_t upper = nibble_bit_mask(top, 0);  // 0xff: code >= 16
+    lo = (lookup_bytes16(sel, t.lo) & ~upper) | (lookup_bytes16(sel, u.lo) & upper);
+    hi = (lookup_bytes16(sel, t.hi) & ~upper) | (lookup_bytes16(sel, u.hi) & upper);
+  } else if constexpr (BITS == 4) {
+    lo = lookup_bytes16(sel, t.lo);
+    hi = lookup_bytes16(sel, t.hi);
   } else {
     lo = byte_perm(t.lo[0], t.lo[1], sel);
     hi = byte_perm(t.hi[0], t.hi[1], sel);
@@ -105,8 +139,8 @@ __host__ __device__ inline void lookup4(uint32_t sel, const ByteTables& t, uint3
 }
 
 // Which run coordinate sits in slot k of a decoded run. 2- and 3-bit runs come out evens-then-odds
-// per block of up to 16 codes (their nibble masks split even and odd codes); 1- and 4-bit runs in
-// order. The query (keys) and the output (values) use the same map.
+// per block of up to 16 codes (their nibble masks split even and odd codes); 1-, 4- and 5-bit runs
+// in order. The query (keys) and the output (values) use the same map.
 __host__ __device__ inline int run_slot_coord(int bits, int cnt, int k) {
   if (bits != 2 && bits != 3) return k;
   const int c = cnt < 16 ? cnt : 16;
@@ -122,21 +156,24 @@ __host__ __device__ inline int run_coord_slot(int bits, int cnt, int x) {
   return x - r + (r % 2 ? c / 2 + r / 2 : r / 2);
 }
 
+// Bits 8i .. 8i + 7 of a 1-bit plane word, one to bit 0 of each of 8 nibbles.
+__host__ __device__ inline uint32_t bits_to_nibbles(uint32_t word, int i) {
+  uint32_t x = (word >> (8 * i)) & 0xffu;
+  x = (x | (x << 12)) & 0x000f000fu;
+  x = (x | (x << 6)) & 0x03030303u;
+  return (x | (x << 3)) & 0x11111111u;
+}
+
 // The run's look-up selectors: nibble k of word i is the code in slot 8i + k (each nibble < 16;
-// a run of 4 codes fills the low 16 bits only).
+// a run of 4 codes fills the low 16 bits only); of 5-bit codes the low 4 bits (top_words: bit 4).
 template <int BITS, int CNT>
 __host__ __device__ inline void slot_words(const CodeRun<BITS, CNT>& run, uint32_t (&w)[(CNT + 7) / 8]) {
-  if constexpr (BITS == 4) {
+  if constexpr (BITS == 4 || BITS == 5) {
 #pragma unroll
     for (int i = 0; i < (CNT + 7) / 8; ++i) w[i] = run.lo[i];
   } else if constexpr (BITS == 1) {
 #pragma unroll
-    for (int i = 0; i < (CNT + 7) / 8; ++i) {  // 8 bits to 8 nibbles
-      uint32_t x = (run.lo[0] >> (8 * i)) & 0xffu;
-      x = (x | (x << 12)) & 0x000f000fu;
-      x = (x | (x << 6)) & 0x03030303u;
-      w[i] = (x | (x << 3)) & 0x11111111u;
-    }
+    for (int i = 0; i < (CNT + 7) / 8; ++i) w[i] = bits_to_nibbles(run.lo[0], i);
   } else {
     constexpr int C = CNT < 16 ? CNT : 16;  // codes per block (one 32-bit low-plane word at most)
     constexpr uint32_t kMask = C == 16 ? 0xffffffffu : (1u << (2 * C)) - 1u;
@@ -160,14 +197,32 @@ __host__ __device__ inline void slot_words(const CodeRun<BITS, CNT>& run, uint32
   }
 }
 
+// 5-bit codes: bit 4 of the code in slot 8i + k at bit 0 of nibble k of word i (else zeros).
+template <int BITS, int CNT>
+__host__ __device__ inline void top_words(const CodeRun<BITS, CNT>& run, uint32_t (&w)[(CNT + 7) / 8]) {
+#pragma unroll
+  for (int i = 0; i < (CNT + 7) / 8; ++i) w[i] = BITS == 5 ? bits_to_nibbles(run.hi[0], i) : 0u;
+}
+
 // The run's CNT centroids as CNT / 2 fp16 pairs: out[j] holds slots 2j and 2j + 1.
 template <int BITS, int CNT>
-__host__ __device__ inline void decode_pairs(const CodeRun<BITS, CNT>& run, const ByteTables& t,
+__host__ __device__ inline void decode_pairs(const CodeRun<BITS, CNT>& run, const CodeTables<BITS>& t,
                                              uint32_t (&out)[CNT / 2]) {
-  uint32_t w[(CNT + 7) / 8];
+  uint32_t w[(CNT + 7) / 8], top[(CNT + 7) / 8];
   slot_words(run, w);
+  top_words(run, top);
 #pragma unroll
-  for (int q = 0; q < CNT / 4; ++q) lookup4<BITS>(w[q / 2] >> (16 * (q % 2)), t, out[2 * q], out[2 * q + 1]);
+  for (int q = 0; q < CNT / 4; ++q)
+    lookup4<BITS>(w[q / 2] >> (16 * (q % 2)), t, out[2 * q], out[2 * q + 1], top[q / 2] >> (16 * (q % 2)));
+}
+
+// Nibbles of slots 8i + 0, 2, 4, 6 (interleave_even) or 8i + 1, 3, 5, 7 (interleave_odd) of two
+// tokens' selector words, token a's in the even nibbles.
+__host__ __device__ inline uint32_t interleave_even(uint32_t a, uint32_t b) {
+  return (a & 0x0f0f0f0fu) | ((b << 4) & 0xf0f0f0f0u);
+}
+__host__ __device__ inline uint32_t interleave_odd(uint32_t a, uint32_t b) {
+  return ((a >> 4) & 0x0f0f0f0fu) | (b & 0xf0f0f0f0u);
 }
 
 // Two tokens' runs at once, for mma fragments whose fp16 pairs are two tokens: out[k] holds slot k
@@ -176,28 +231,33 @@ __host__ __device__ inline void decode_pairs(const CodeRun<BITS, CNT>& run, cons
 // (4 logic instructions per 16 codes instead of a pairing permute per 2).
 template <int BITS, int CNT>
 __host__ __device__ inline void decode_token_pairs(const CodeRun<BITS, CNT>& a,
-                                                   const CodeRun<BITS, CNT>& b, const ByteTables& t,
+                                                   const CodeRun<BITS, CNT>& b, const CodeTables<BITS>& t,
                                                    uint32_t (&out)[CNT]) {
-  uint32_t wa[(CNT + 7) / 8], wb[(CNT + 7) / 8];
+  uint32_t wa[(CNT + 7) / 8], wb[(CNT + 7) / 8], ta[(CNT + 7) / 8], tb[(CNT + 7) / 8];
   slot_words(a, wa);
   slot_words(b, wb);
+  top_words(a, ta);
+  top_words(b, tb);
 #pragma unroll
   for (int i = 0; i < (CNT + 7) / 8; ++i) {
-    const uint32_t ev = (wa[i] & 0x0f0f0f0fu) | ((wb[i] << 4) & 0xf0f0f0f0u);  // slots 8i + 0, 2, 4, 6
-    const uint32_t od = ((wa[i] >> 4) & 0x0f0f0f0fu) | (wb[i] & 0xf0f0f0f0u);  // slots 8i + 1, 3, 5, 7
+    const uint32_t ev = interleave_even(wa[i], wb[i]), od = interleave_odd(wa[i], wb[i]);
+    const uint32_t tev = interleave_even(ta[i], tb[i]), tod = interleave_odd(ta[i], tb[i]);
     uint32_t* o = out + 8 * i;
-    lookup4<BITS>(ev, t, o[0], o[2]);
-    lookup4<BITS>(od, t, o[1], o[3]);
+    lookup4<BITS>(ev, t, o[0], o[2], tev);
+    lookup4<BITS>(od, t, o[1], o[3], tod);
     if constexpr (CNT >= 8) {
-      lookup4<BITS>(ev >> 16, t, o[4], o[6]);
-      lookup4<BITS>(od >> 16, t, o[5], o[7]);
+      lookup4<BITS>(ev >> 16, t, o[4], o[6], tev >> 16);
+      lookup4<BITS>(od >> 16, t, o[5], o[7], tod >> 16);
     }
   }
 }
 
-// Calls f(std::integral_constant<int, bits>) for a runtime width (uniform across the warp).
-template <typename F>
+// Calls f(std::integral_constant<int, bits>) for a runtime width (uniform across the warp) of at
+// most MAXB bits. A kernel that never meets 5-bit codes leaves their path (and its registers) out.
+template <int MAXB = TQ_MAX_BITS, typename F>
 __device__ inline void with_bits(int bits, F&& f) {
+  if constexpr (MAXB == 5)
+    if (bits == 5) return f(std::integral_constant<int, 5>{});
   switch (bits) {
     case 1: f(std::integral_constant<int, 1>{}); break;
     case 2: f(std::integral_constant<int, 2>{}); break;

@@ -5,7 +5,7 @@
 namespace tq::plugin {
 
 namespace {
-constexpr int32_t kSupportedWidthsX2[] = {2, 3, 4, 5, 6, 7, 8};
+constexpr int32_t kSupportedWidthsX2[] = {2, 3, 4, 5, 6, 7, 8, 9, 10};  // FORMAT.md section 2
 constexpr int64_t kNormBytes = 2;  // one fp16 norm per group and token
 }  // namespace
 

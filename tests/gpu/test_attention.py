@@ -60,6 +60,8 @@ CASES = [
     (64, 9, 3, 3.5, 2.5, 5, torch.bfloat16, True),
     (64, 16, 2, 4, 4, 8, torch.float16, True),
     (64, 6, 6, 1.5, 2, 4, torch.float16, False),
+    (128, 8, 2, 5, 3, 1, torch.float16, True),     # 5-bit keys beside 3-bit values (the generic kernel)
+    (64, 9, 3, 4.5, 5, 2, torch.bfloat16, True),
 ]
 
 
@@ -133,6 +135,7 @@ PREFILL_CASES = [
     (64, 9, 3, 3, 3, 64, torch.float16, False),      # SmolLM2's attention shape
     (64, 9, 3, 3.5, 2.5, 40, torch.bfloat16, True),
     (64, 16, 2, 2, 2, 17, torch.float16, True),
+    (128, 8, 2, 5, 4.5, 40, torch.float16, True),
 ]
 
 
@@ -152,7 +155,7 @@ def test_prefill_attention_chunk_over_history(case, with_own, gen):
     check_against_reference(cache, table, q, out, lengths, d**-0.5, own)
 
 
-@pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[4], CASES[6], CASES[9]], ids=case_id)
+@pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[4], CASES[6], CASES[9], CASES[12]], ids=case_id)
 def test_fused_append_writes_the_same_bytes_and_attends_the_same(case, gen):
     """decode_attention(own=(k, v), append=True) leaves the pools byte for byte as quantize_append
     then decode_attention(own=(k, v)) do, and returns the same output, for new tokens in any split."""
@@ -276,8 +279,8 @@ def test_bad_input_raises_with_a_message(gen):
     with pytest.raises(TQError, match="head_dim 96"):
         quantize_append(kc, q[0, :, :2], q[0, :, :2], torch.tensor([0]), torch.tensor([0]))
     kc.struct.key.head_dim = 128
-    kc.struct.value.group_bits[0] = 5
-    with pytest.raises(TQError, match="5 bits"):
+    kc.struct.value.group_bits[0] = 6
+    with pytest.raises(TQError, match="6 bits"):
         decode_attention(kc, q, torch.tensor([40]), 40)
 
 

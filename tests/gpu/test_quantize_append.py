@@ -6,11 +6,11 @@ import torch
 
 from tq_trtllm.core.packing import read_tokens
 from tq_trtllm.core.rotation import fwht
+from tq_trtllm.core.spec import SUPPORTED_WIDTHS as WIDTHS
 from tq_trtllm.kernels import dequantize, quantize_append
 
 from .cases import make_cache, positions, twin
 
-WIDTHS = (1, 1.5, 2, 2.5, 3, 3.5, 4)
 BOUNDARY_EPS = 1e-5
 
 
@@ -73,7 +73,7 @@ def test_quantize_append_matches_reference(width, head_dim, dtype, gen):
                 assert ((cg[bad].int() - cw[bad].int()).abs() == 1).all()
 
 
-@pytest.mark.parametrize("width", [2, 3, 3.5, 4])
+@pytest.mark.parametrize("width", [2, 3, 3.5, 4, 4.5, 5])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_dequantize_matches_reference(width, head_dim, gen):
     heads, T = 2, 16

@@ -11,13 +11,14 @@ from ..calibration.calibrate import CalibrationOptions, calibrate
 from ..calibration.table import MAX_RECENT_TOKENS, oblivious_table
 from ..core.errors import TQError
 from ..core.rotary_mean import MAX_ROTARY_PAIRS
-from ..core.spec import parse_kv_bits
+from ..core.spec import SUPPORTED_WIDTHS, parse_kv_bits
 from ..eval.corpus import CALIBRATION_BOOK, read_corpus
 from ..models.registry import FAMILIES, get_family
 from .common import clean_errors
 
 BACKENDS = ("auto", "hf", "trtllm")
 MIN_WIDTH = 2.0
+MAX_WIDTH = max(SUPPORTED_WIDTHS)
 
 
 def default_calibration_text() -> tuple[str, str]:
@@ -35,7 +36,7 @@ def default_calibration_text() -> tuple[str, str]:
 @click.option("--model", "family", default="llama", show_default=True,
               help=f"Model family: {', '.join(FAMILIES)}.")
 @click.option("--kv-bits", default="3", show_default=True,
-              help="Average code bits per coordinate (2, 2.5, 3, 3.5, 4) or a K/V pair such as k4v3.")
+              help="Average code bits per coordinate (2 to 5 in steps of 0.5) or a K/V pair such as k4v3.")
 @click.option("--checkpoint", type=click.Path(), default=None,
               help="GGUF file or Hugging Face model directory (default: the embedded SmolLM2-135M-Instruct).")
 @click.option("--calib-text", default=None,
@@ -83,7 +84,7 @@ def main(family, kv_bits, checkpoint, calib_text, backend, output, oblivious, si
     family = get_family(family).name
     key_w, value_w = parse_kv_bits(kv_bits)
     if min(key_w, value_w) < MIN_WIDTH:
-        raise TQError(f"--kv-bits {kv_bits}: tq-build takes widths from {MIN_WIDTH:g} to 4 bits "
+        raise TQError(f"--kv-bits {kv_bits}: tq-build takes widths from {MIN_WIDTH:g} to {MAX_WIDTH:g} bits "
                       "(below 2 bits the cache loses too much to be useful)")
     if backend == "trtllm":
         raise TQError("the TensorRT-LLM engine path is not available yet (it needs TensorRT-LLM 1.2 and "

@@ -8,19 +8,22 @@ from dataclasses import dataclass
 
 from .errors import TQError
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+# Version 3 added the 4.5- and 5-bit widths; version 2's bytes are version 3's, so both are read.
+READABLE_FORMAT_VERSIONS = (2, 3)
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
-SUPPORTED_WIDTHS = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0)
+SUPPORTED_WIDTHS = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0)
 NORM_BYTES = 2  # one fp16 norm per group and token
 # Bit planes of each code width, low bits first (FORMAT.md section 3).
-PLANES = {1: (1,), 2: (2,), 3: (2, 1), 4: (4,)}
+PLANES = {1: (1,), 2: (2,), 3: (2, 1), 4: (4,), 5: (4, 1)}
 
 
 def check_format_version(version: int) -> None:
-    if version != FORMAT_VERSION:
+    if version not in READABLE_FORMAT_VERSIONS:
         raise TQError(
             f"packed cache format version {version} is not readable by this tq_trtllm, which reads "
-            f"version {FORMAT_VERSION}; rebuild the engine or tables with this version"
+            f"versions {', '.join(map(str, READABLE_FORMAT_VERSIONS))}; rebuild the engine or "
+            "tables with this version"
         )
 
 
@@ -36,7 +39,8 @@ def check_head_dim(head_dim: int) -> None:
 
 def check_bits(bits: int) -> None:
     if bits not in PLANES:
-        raise TQError(f"{bits} bits per coordinate is not supported; use 1, 2, 3 or 4")
+        raise TQError(f"{bits} bits per coordinate is not supported; use one of "
+                      f"{', '.join(map(str, PLANES))}")
 
 
 def parse_width(width: float | str) -> float:

@@ -13,10 +13,11 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..core.errors import TQError
-from ..core.spec import FORMAT_VERSION
+from ..core.spec import FORMAT_VERSION, PLANES
 
 LIB_NAME = "libtq_kernels.so"
 MAX_GROUPS = 2
+MAX_BITS = max(PLANES)  # TQ_MAX_BITS: the widest code, whose 2**MAX_BITS centroids tq_codec holds
 MAX_DECODE_Q_LEN = 8  # TQ_MAX_DECODE_Q_LEN: query tokens per sequence that tq_decode_attention takes
 FP16, BF16 = 0, 1
 
@@ -29,7 +30,7 @@ class TqCodec(ctypes.Structure):
         ("num_groups", ctypes.c_int32),
         ("group_dim", ctypes.c_int32 * MAX_GROUPS),
         ("group_bits", ctypes.c_int32 * MAX_GROUPS),
-        ("codebook", (ctypes.c_float * 16) * MAX_GROUPS),
+        ("codebook", (ctypes.c_float * 2**MAX_BITS) * MAX_GROUPS),
         ("seed", ctypes.c_uint32),
         ("perm", ctypes.c_void_p),
         ("mean", ctypes.c_void_p),

@@ -26,7 +26,9 @@
 extern "C" {
 #endif
 
-#define TQ_FORMAT_VERSION 2
+#define TQ_FORMAT_VERSION 3
+#define TQ_OLDEST_READABLE_FORMAT_VERSION 2 /* version 3 only added widths: version 2 reads as 3 */
+#define TQ_MAX_BITS 5
 #define TQ_MAX_GROUPS 2
 #define TQ_MAX_HEAD_DIM 128 /* the kernels support head_dim 64 and 128 */
 #define TQ_MAX_GQA_GROUP 8  /* query heads per KV head */
@@ -63,8 +65,8 @@ typedef struct tq_codec {
   int32_t head_dim;                     /* 64 or 128 */
   int32_t num_groups;                   /* 1, or 2 for fractional widths */
   int32_t group_dim[TQ_MAX_GROUPS];     /* n_g, sums to head_dim */
-  int32_t group_bits[TQ_MAX_GROUPS];    /* b_g in 1..4 */
-  float codebook[TQ_MAX_GROUPS][16];    /* ascending centroids, first 2^b_g used */
+  int32_t group_bits[TQ_MAX_GROUPS];    /* b_g in 1..TQ_MAX_BITS */
+  float codebook[TQ_MAX_GROUPS][1 << TQ_MAX_BITS]; /* ascending centroids, first 2^b_g used */
   uint32_t seed;                        /* rotation signs, FORMAT.md section 4 */
   const int32_t* perm;  /* device [num_kv_heads][head_dim] channel order, or NULL = identity */
   const float* mean;    /* device [num_kv_heads][head_dim], or NULL = zeros */

@@ -24,21 +24,22 @@ int check(unsigned seed) {
   tq::GroupLayout g{};
   g.dim = n;
   g.bits = BITS;
-  g.lo_bits = BITS == 3 ? 2 : BITS;
+  g.lo_bits = tq::low_plane_bits(BITS);
   g.lo_row_bytes = n * g.lo_bits / 8;
   g.lo_off = 0;
-  g.hi_row_bytes = BITS == 3 ? n / 8 : 0;
-  g.hi_off = BITS == 3 ? 16 * g.lo_row_bytes : -1;
+  g.hi_row_bytes = g.lo_bits != BITS ? n / 8 : 0;
+  g.hi_off = g.lo_bits != BITS ? 16 * g.lo_row_bytes : -1;
   std::vector<uint8_t> tile(16 * (g.lo_row_bytes + g.hi_row_bytes) + 16);
   srand(seed);
   for (auto& b : tile) b = uint8_t(rand());
-  tq::ByteTables t{};
-  uint16_t centroid[16];
-  for (int k = 0; k < 16; ++k) {
-    centroid[k] = half_bits(0.01f * float(k * k) - 0.7f + 0.001f * float(rand() % 100));
-    t.lo[k / 4] |= uint32_t(centroid[k] & 0xff) << (8 * (k % 4));
-    t.hi[k / 4] |= uint32_t(centroid[k] >> 8) << (8 * (k % 4));
+  tq::ByteTables parts[2]{};  // entries 0..15, then 16..31 (code_tables of codebook 0)
+  uint16_t centroid[1 << TQ_MAX_BITS];
+  for (int k = 0; k < (1 << TQ_MAX_BITS); ++k) {
+    centroid[k] = half_bits(0.002f * float(k * k) - 0.7f + 0.001f * float(rand() % 100));
+    parts[k / 16].lo[k % 16 / 4] |= uint32_t(centroid[k] & 0xff) << (8 * (k % 4));
+    parts[k / 16].hi[k % 16 / 4] |= uint32_t(centroid[k] >> 8) << (8 * (k % 4));
   }
+  const tq::CodeTables<BITS> t = tq::code_tables<BITS>(parts, 0);
   int bad = 0;
   for (int row = 0; row < 16; ++row)
     for (int part = 0; part < 8; ++part) {
@@ -56,9 +57,9 @@ int check(unsigned seed) {
         uint32_t word;
         std::memcpy(&word, lo_row + 4 * (lo_bit / 32), 4);
         int code = (word >> (lo_bit % 32)) & ((1 << g.lo_bits) - 1);
-        if (BITS == 3) {
+        if (g.hi_off >= 0) {
           std::memcpy(&word, tile.data() + g.hi_off + row * g.hi_row_bytes + 4 * (coord / 32), 4);
-          code |= ((word >> tq::hi_plane_bit(coord % 32)) & 1) << 2;
+          code |= ((word >> tq::hi_plane_bit(BITS, coord % 32)) & 1) << g.lo_bits;
         }
         if (got != centroid[code] || int(run.code(i)) != code) ++bad;
         if (tq::run_coord_slot(BITS, CNT, i) != k) ++bad;  // the inverse map
@@ -87,6 +88,7 @@ int main() {
     bad += check<2, 4>(seed) + check<2, 8>(seed) + check<2, 16>(seed) + check<2, 32>(seed);
     bad += check<3, 4>(seed) + check<3, 8>(seed) + check<3, 16>(seed) + check<3, 32>(seed);
     bad += check<4, 4>(seed) + check<4, 8>(seed) + check<4, 16>(seed) + check<4, 32>(seed);
+    bad += check<5, 4>(seed) + check<5, 8>(seed) + check<5, 16>(seed) + check<5, 32>(seed);
   }
   std::printf(bad ? "tile_decode_test: FAILED\n" : "tile_decode_test: ok\n");
   return bad ? 1 : 0;
