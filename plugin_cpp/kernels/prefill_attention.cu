@@ -96,10 +96,10 @@ __global__ void __launch_bounds__(32 * kPrefillWarps, kPrefillCtasPerSm) prefill
   const int split_begin = keys.begin, split_end = keys.end;
 
   // --- Prologue: the rotated query rows, in run order, in shared memory; the tables. ---
+  const LaneRotation<D> lr = lane_rotation<D>(a.cache.codec[0], kvh);  // the same for every row
   for (int rr = warp; rr < kPrefillRows; rr += kPrefillWarps) {
     constexpr int E = D / 32;
     float x[E];
-    const LaneRotation<D> lr = lane_rotation<D>(a.cache.codec[0], kvh);
     load_query_row<D, T>(a, b, kvh, row0 + rr, lr, x);
     rotate_query_row<D>(a, lr, x);
 #pragma unroll
