@@ -7,6 +7,7 @@ import json
 import click
 
 from ..core.rotary_mean import MAX_ROTARY_PAIRS
+from ..core.spec import parse_kv_bits
 
 ROTARY = click.option("--rotary-pairs", type=click.IntRange(0, MAX_ROTARY_PAIRS), default=0,
                       show_default=True,
@@ -25,6 +26,11 @@ def _parse_pairs(text: str) -> list[tuple[int, int]]:
         b, _, c = item.strip().lower().partition("x")
         pairs.append((int(b), int(c)))
     return pairs
+
+
+def _parse_widths(text: str) -> list[tuple[float, float]]:
+    """'3,k5v3' -> [(3.0, 3.0), (5.0, 3.0)] (key, value widths)."""
+    return [parse_kv_bits(item) for item in text.split(",")]
 
 
 def _echo_rows(rows, as_json: bool) -> None:
@@ -60,7 +66,8 @@ def main():
 @click.option("--shape", type=click.Choice(sorted(SHAPES)), default="llama3-8b", show_default=True)
 @click.option("--sizes", default="1x4096,1x32768,1x131072,8x32768,32x32768", show_default=True,
               help="Comma-separated BATCHxCONTEXT.")
-@click.option("--bits", default="3", show_default=True, help="Comma-separated K/V widths, e.g. 3,4.")
+@click.option("--bits", default="3", show_default=True,
+              help="Comma-separated widths or K/V pairs, e.g. 3,4,k5v3.")
 @click.option("--q-len", type=click.IntRange(1, 8), default=1, show_default=True)
 @click.option("--iters", type=click.IntRange(min=1), default=50, show_default=True)
 @ROTARY
@@ -72,9 +79,9 @@ def decode(shape, sizes, bits, q_len, iters, rotary_pairs, as_json):
     hq, hkv, d = SHAPES[shape]
     timer = Timer(iters)
     rows = []
-    for w in (float(x) for x in bits.split(",")):
+    for k_bits, v_bits in _parse_widths(bits):
         for batch, context in _parse_pairs(sizes):
-            rows.append(decode_row(timer, batch, context, hq, hkv, d, w, w, q_len, rotary_pairs))
+            rows.append(decode_row(timer, batch, context, hq, hkv, d, k_bits, v_bits, q_len, rotary_pairs))
             if as_json:
                 _echo_rows(rows[-1:], True)
     if not as_json:
@@ -85,7 +92,8 @@ def decode(shape, sizes, bits, q_len, iters, rotary_pairs, as_json):
 @click.option("--shape", type=click.Choice(sorted(SHAPES)), default="llama3-8b", show_default=True)
 @click.option("--history", type=click.IntRange(min=0), default=32768, show_default=True)
 @click.option("--chunk", type=click.IntRange(min=1), default=2048, show_default=True)
-@click.option("--bits", default="3", show_default=True)
+@click.option("--bits", default="3", show_default=True,
+              help="Comma-separated widths or K/V pairs, e.g. 3,4,k5v3.")
 @click.option("--iters", type=click.IntRange(min=1), default=10, show_default=True)
 @ROTARY
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per row.")
@@ -95,8 +103,8 @@ def prefill(shape, history, chunk, bits, iters, rotary_pairs, as_json):
 
     hq, hkv, d = SHAPES[shape]
     timer = Timer(iters)
-    rows = [prefill_row(timer, history, chunk, hq, hkv, d, float(w), float(w), rotary_pairs)
-            for w in bits.split(",")]
+    rows = [prefill_row(timer, history, chunk, hq, hkv, d, k_bits, v_bits, rotary_pairs)
+            for k_bits, v_bits in _parse_widths(bits)]
     _echo_rows(rows, as_json)
 
 
