@@ -13,7 +13,8 @@ FP = {"family": "llama", "layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 64,
 
 
 def calibrated_table(gen) -> KVTable:
-    """Layer 0 has every key table (a rotary mean of 3 pairs included), layer 1 the value tables."""
+    """Layer 0 has every key table (a rotary mean of 3 pairs included), layer 1 the value tables
+    and the widest widths (5-bit keys, 4.5-bit values)."""
     a = torch.tensor([[0, 5, 31], [2, 3, 4]])
     layers = [
         LayerTable(3.5, 3.0, 7, key_mean=torch.randn(2, 64, generator=gen),
@@ -24,7 +25,7 @@ def calibrated_table(gen) -> KVTable:
                    key_rotary_channels=a,
                    key_rotary_freq=torch.rand(2, 3, generator=gen) + 0.01,
                    key_rotary_mean=torch.randn(2, 3, 2, generator=gen)),
-        LayerTable(2.0, 2.5, 8, value_mean=torch.randn(2, 64, generator=gen),
+        LayerTable(5.0, 4.5, 8, value_mean=torch.randn(2, 64, generator=gen),
                    value_scale=torch.rand(2, 64, generator=gen) + 0.5,
                    value_outliers=torch.arange(32).repeat(2, 1)),
     ]

@@ -243,7 +243,7 @@ void testFieldValidation() {
   expectRefused("GQA group > 8", [](FieldSet& f) { f.ints[0] = 18; }, "'num_q_heads'");
   expectRefused("tokens_per_block", [](FieldSet& f) { f.ints[4] = 24; }, "'tokens_per_block'");
   expectRefused("negative layer", [](FieldSet& f) { f.ints[3] = -1; }, "'layer_idx'");
-  expectRefused("width 5", [](FieldSet& f) { f.keyWidth = 5.f; }, "'key_width'");
+  expectRefused("width 5.5", [](FieldSet& f) { f.keyWidth = 5.5f; }, "'key_width'");
   expectRefused("width 2.25", [](FieldSet& f) { f.valueWidth = 2.25f; }, "'value_width'");
   expectRefused("wrong type", [](FieldSet& f) { f.field("head_dim")->type = PluginFieldType::kFLOAT32; },
                 "'head_dim' must have type kINT32");
