@@ -6,6 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS="${JOBS:-2}"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-Release}" \
-  -DTQ_REQUIRE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
-  -DCMAKE_CUDA_FLAGS="-gencode=arch=compute_90a,code=sm_90a" "$@"
+  -DTQ_REQUIRE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real "$@"
 cmake --build build -j "$JOBS"

@@ -14,3 +14,31 @@ def test_widths_take_uniform_widths_and_key_value_pairs():
 
 def test_sizes_are_batch_by_context():
     assert _parse_pairs("1x4096, 32X32768") == [(1, 4096), (32, 32768)]
+
+
+def test_engine_step_adds_each_layer_at_its_own_widths(monkeypatch):
+    from tq_trtllm.eval import kernel_speed
+
+    def fake_row(timer, batch, context, hq, hkv, d, k, v, q_len, rotary_pairs):
+        # a made-up time per width pair; SDPA the same for every layer
+        return kernel_speed.Row("decode", batch, context, q_len, hq, hkv, d, k, v, tq_us=10 * k + v,
+                                sdpa_us=50.0, speedup=0.0, packed_mb=0.0, tq_read_tbps=0.0,
+                                fused_us=10 * k + v + 1)
+
+    monkeypatch.setattr(kernel_speed, "decode_row", fake_row)
+    widths = [(3.0, 2.0), (5.0, 4.0), (3.0, 2.0), (2.0, 2.0)]
+    rows, step = kernel_speed.engine_step(None, 1, 4096, 9, 3, 64, widths, 16)
+    assert sorted((n, r.k_bits, r.v_bits) for n, r in rows) == [(1, 2.0, 2.0), (1, 5.0, 4.0), (2, 3.0, 2.0)]
+    assert step.layers == 4
+    assert step.tq_us == 2 * 32 + 54 + 22
+    assert step.fused_us == step.tq_us + 4
+    assert step.sdpa_us == 4 * 50.0 and step.speedup == 200.0 / 140.0
+
+
+def test_engine_bench_refuses_a_folder_without_an_engine(tmp_path):
+    from click.testing import CliRunner
+
+    from tq_trtllm.cli.bench import main
+
+    result = CliRunner().invoke(main, ["engine", "--engine", str(tmp_path)])
+    assert result.exit_code != 0 and "is not an engine directory" in result.output

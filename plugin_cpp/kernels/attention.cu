@@ -13,8 +13,9 @@
 // rows, and the decoded codes, as A fragments, serve every row tile. Norms multiply the scores
 // (keys) and the probabilities (values), so centroids are decoded unscaled. The 4 warps' states are combined and written as one partial
 // state per split.
-// Equal integer K/V widths 2, 3 and 4 get kernels whose tile offsets and widths are compile-time
-// constants (tile_shape); every other width runs the same code with them read at run time.
+// Every pair of the allocator's widths with values no wider than keys gets kernels whose tile
+// offsets and widths are compile-time constants (tile_shape, special_split_kernel); every other
+// pair runs the same code with them read at run time.
 // The key mean is not needed: q . mu is the same for every key of a query row and softmax is
 // invariant to a per-row shift; only the log-sum-exp adds it back (merge pass).
 // Pass 2 (merge_kernel): one CTA per query row merges the splits and, where the call has the new
@@ -771,17 +772,42 @@ void (*generic_split_kernel(int kg, int vg))(AttnArgs) {
   return vg == 1 ? attention_split_kernel<D, 2, 1, 0, 0, MAXB, NR, T> : attention_split_kernel<D, 2, 2, 0, 0, MAXB, NR, T>;
 }
 
-// The split kernel for these codecs: specialized for the common equal K/V integer widths, else
-// generic.
+// The widths with kernels of their own, narrowest first: those the allocator gives
+// (calibration/allocate.py: 2, 2.5, 3, 3.5, 4 and 5 bits) as (groups, bits of group 0); a
+// fractional width's second group is one bit narrower (FORMAT.md section 2).
+struct Width {
+  int groups, bits;
+};
+constexpr Width kSpecialWidths[] = {{1, 2}, {2, 3}, {1, 3}, {2, 4}, {1, 4}, {1, 5}};
+constexpr int kNumSpecialWidths = sizeof(kSpecialWidths) / sizeof(kSpecialWidths[0]);
+
+__host__ inline bool has_width(const PageShape& s, Width w) {
+  return s.num_groups == w.groups && s.group[0].bits == w.bits &&
+         (w.groups == 1 || s.group[1].bits == w.bits - 1);
+}
+
+// The specialized split kernel of these codecs' widths, among the pairs whose value width is no
+// wider than the key width (what calibrated engines have), from pair (KI, VI) of kSpecialWidths
+// on; nullptr for any other pair.
+template <int D, int NR, typename T, int KI = 0, int VI = 0>
+void (*special_split_kernel(const CacheView& c))(AttnArgs) {
+  if constexpr (KI == kNumSpecialWidths) {
+    return nullptr;
+  } else if constexpr (VI > KI) {
+    return special_split_kernel<D, NR, T, KI + 1, 0>(c);
+  } else {
+    constexpr Width k = kSpecialWidths[KI], v = kSpecialWidths[VI];
+    if (has_width(c.codec[0], k) && has_width(c.codec[1], v))
+      return attention_split_kernel<D, k.groups, v.groups, k.bits, v.bits, std::max(k.bits, v.bits), NR, T>;
+    return special_split_kernel<D, NR, T, KI, VI + 1>(c);
+  }
+}
+
+// The split kernel for these codecs: specialized for their widths where it exists, else generic.
 template <int D, int NR, typename T>
 void (*split_kernel_for(const CacheView& c))(AttnArgs) {
+  if (auto kernel = special_split_kernel<D, NR, T>(c)) return kernel;
   const int kg = c.codec[0].num_groups, vg = c.codec[1].num_groups;
-  const int kb = c.codec[0].group[0].bits, vb = c.codec[1].group[0].bits;
-  if (kg == 1 && vg == 1 && kb == vb) {
-    if (kb == 3) return attention_split_kernel<D, 1, 1, 3, 3, 3, NR, T>;
-    if (kb == 4) return attention_split_kernel<D, 1, 1, 4, 4, 4, NR, T>;
-    if (kb == 2) return attention_split_kernel<D, 1, 1, 2, 2, 2, NR, T>;
-  }
   return has_5bit_codes(c) ? generic_split_kernel<D, 5, NR, T>(kg, vg) : generic_split_kernel<D, 4, NR, T>(kg, vg);
 }
 

@@ -30,7 +30,7 @@ tq_status check_launch(const char* what) {
 extern "C" const char* tq_last_error(void) { return last_error; }
 
 extern "C" tq_status tq_check_format_version(int32_t version) {
-  if (version < TQ_OLDEST_READABLE_FORMAT_VERSION || version > TQ_FORMAT_VERSION)
+  if (!TQ_READS_FORMAT_VERSION(version))
     return tq::fail(TQ_ERR_FORMAT_VERSION,
                     "packed cache format version %d is not readable by this tq_kernels library, "
                     "which reads versions %d to %d; rebuild the engine or tables with this version",

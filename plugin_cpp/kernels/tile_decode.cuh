@@ -254,7 +254,7 @@ __host__ __device__ inline void decode_token_pairs(const CodeRun<BITS, CNT>& a,
 
 // Calls f(std::integral_constant<int, bits>) for a runtime width (uniform across the warp) of at
 // most MAXB bits. A kernel that never meets 5-bit codes leaves their path (and its registers) out.
-template <int MAXB = TQ_MAX_BITS, typename F>
+template <int MAXB, typename F>
 __device__ inline void with_bits(int bits, F&& f) {
   if constexpr (MAXB == 5)
     if (bits == 5) return f(std::integral_constant<int, 5>{});

@@ -154,7 +154,7 @@ bool parseCalibTable(void const* data, size_t bytes, CalibTable& table, std::str
     return error = "has table version " + std::to_string(version) + "; this plugin reads version " +
                    std::to_string(kCalibTableVersion), false;
   int32_t formatVersion = int32_t(load<uint32_t>(p, kOffFormatVersion));
-  if (formatVersion < TQ_OLDEST_READABLE_FORMAT_VERSION || formatVersion > TQ_FORMAT_VERSION)
+  if (!TQ_READS_FORMAT_VERSION(formatVersion))
     return error = "was made for packed cache format version " + std::to_string(formatVersion) +
                    "; this plugin reads versions " + std::to_string(TQ_OLDEST_READABLE_FORMAT_VERSION) +
                    " to " + std::to_string(TQ_FORMAT_VERSION), false;

@@ -54,14 +54,17 @@ CASES = [
     (128, 4, 4, 4, 2, 3, torch.float16, False),    # group 1
     (128, 8, 2, 4, 4, 2, torch.bfloat16, False),   # the width-specialized kernels: 4, 3 and 2 bits
     (128, 8, 2, 2, 2, 1, torch.float16, True),
-    (128, 8, 2, 2.5, 3.5, 2, torch.bfloat16, True),
+    (128, 8, 2, 2.5, 3.5, 2, torch.bfloat16, True),  # values wider than keys: the generic kernel
+    (128, 8, 2, 3.5, 2, 1, torch.float16, True),     # mixed widths of the allocator: specialized too
     (128, 8, 2, 1, 1.5, 1, torch.float16, False),
     (64, 9, 3, 3, 3, 1, torch.float16, False),     # SmolLM2's attention shape
     (64, 9, 3, 3.5, 2.5, 5, torch.bfloat16, True),
     (64, 16, 2, 4, 4, 8, torch.float16, True),
     (64, 6, 6, 1.5, 2, 4, torch.float16, False),
-    (128, 8, 2, 5, 3, 1, torch.float16, True),     # 5-bit keys beside 3-bit values (the generic kernel)
-    (64, 9, 3, 4.5, 5, 2, torch.bfloat16, True),
+    (128, 8, 2, 5, 3, 1, torch.float16, True),     # 5-bit keys beside 3-bit values
+    (64, 9, 3, 2.5, 2, 1, torch.bfloat16, True),
+    (64, 9, 3, 5, 3.5, 1, torch.float16, True),
+    (64, 9, 3, 4.5, 5, 2, torch.bfloat16, True),   # 5-bit codes in the generic kernel
 ]
 
 

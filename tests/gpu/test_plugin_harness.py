@@ -41,6 +41,8 @@ CASES = {
                                                            rope_factor=8.0, rope_original_max_positions=64)),
     "bf16-d64-k3v4-gqa3": dict(dtype="bf16", head_dim=64, hq=9, hkv=3, kw=3.0, vw=4.0, tables=False, T=32,
                                rope=dict(rope_base=10000.0)),
+    "fp16-d64-k5v4.5-tables": dict(dtype="fp16", head_dim=64, hq=9, hkv=3, kw=5.0, vw=4.5, tables=True, T=32,
+                                   rope=dict(rope_base=10000.0)),  # format 3's widths
 }
 LAYER, LAYERS_IN_POOL, LAYER_IN_POOL, NUM_LAYERS = 5, 2, 1, 8
 

@@ -8,6 +8,7 @@ import click
 
 from ..core.rotary_mean import MAX_ROTARY_PAIRS
 from ..core.spec import parse_kv_bits
+from .common import clean_errors
 
 ROTARY = click.option("--rotary-pairs", type=click.IntRange(0, MAX_ROTARY_PAIRS), default=0,
                       show_default=True,
@@ -72,6 +73,7 @@ def main():
 @click.option("--iters", type=click.IntRange(min=1), default=50, show_default=True)
 @ROTARY
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per row.")
+@clean_errors
 def decode(shape, sizes, bits, q_len, iters, rotary_pairs, as_json):
     _require_kernels()
     from ..eval.kernel_speed import Timer, decode_row
@@ -97,6 +99,7 @@ def decode(shape, sizes, bits, q_len, iters, rotary_pairs, as_json):
 @click.option("--iters", type=click.IntRange(min=1), default=10, show_default=True)
 @ROTARY
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per row.")
+@clean_errors
 def prefill(shape, history, chunk, bits, iters, rotary_pairs, as_json):
     _require_kernels()
     from ..eval.kernel_speed import Timer, prefill_row
@@ -106,6 +109,40 @@ def prefill(shape, history, chunk, bits, iters, rotary_pairs, as_json):
     rows = [prefill_row(timer, history, chunk, hq, hkv, d, k_bits, v_bits, rotary_pairs)
             for k_bits, v_bits in _parse_widths(bits)]
     _echo_rows(rows, as_json)
+
+
+@main.command(help="One decode step's attention over every layer of an engine (tq-build's output), "
+                    "each layer at its own K/V widths, against SDPA over an fp16 cache in every layer. "
+                    "The caches hold random data at the engine's widths and rotary pairs.")
+@click.option("--engine", "engine_dir", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--sizes", default="1x2048,1x8192,16x8192", show_default=True,
+              help="Comma-separated BATCHxCONTEXT.")
+@click.option("--iters", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object per width pair (with its layer count), then one per step.")
+@clean_errors
+def engine(engine_dir, sizes, iters, as_json):
+    from ..engine import read_manifest
+
+    manifest = read_manifest(engine_dir)
+    _require_kernels()
+    from ..eval.kernel_speed import Timer, engine_step
+
+    fp = manifest["fingerprint"]
+    layer_widths = list(zip(manifest["key_widths"], manifest["value_widths"]))
+    rotary_pairs = manifest["calibration"].get("rotary_pairs", 0)
+    timer = Timer(iters)
+    for batch, context in _parse_pairs(sizes):
+        rows, step = engine_step(timer, batch, context, fp["heads"], fp["kv_heads"], fp["head_dim"],
+                                 layer_widths, rotary_pairs)
+        if as_json:
+            for n, r in rows:
+                click.echo(json.dumps({**r.as_dict(), "layers": n}))
+            click.echo(json.dumps(step.as_dict()))
+            continue
+        _echo_rows([r for _, r in rows], False)
+        click.echo(f"step: {step.layers} layers, batch {batch} x {context}: tq {step.tq_us:.1f} us "
+                   f"(fused append {step.fused_us:.1f}), SDPA {step.sdpa_us:.1f} us, {step.speedup:.2f}x")
 
 
 if __name__ == "__main__":

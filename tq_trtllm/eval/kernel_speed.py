@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import statistics
+from collections import Counter
 from dataclasses import asdict, dataclass
 
 import torch
@@ -138,6 +139,38 @@ def decode_row(timer: Timer, batch: int, context: int, q_heads: int, kv_heads: i
     return Row("decode", batch, context, q_len, q_heads, kv_heads, head_dim, k_bits, v_bits,
                tq_us, sdpa_us, sdpa_us / tq_us, nbytes / 1e6, nbytes / tq_us / 1e6, append_us,
                100.0 * append_us / tq_us, fused_us, 100.0 * (fused_us - tq_us) / tq_us, rotary_pairs)
+
+
+@dataclass
+class StepRow:
+    """One decode step's attention over every layer of an engine, each at its own K/V widths."""
+    batch: int
+    context: int
+    layers: int
+    tq_us: float     # the layers' tq_decode_attention times, summed
+    fused_us: float  # ... tq_decode_attention_append (the append fused in), summed
+    sdpa_us: float   # SDPA over an fp16 cache in every layer
+    speedup: float   # sdpa_us / tq_us
+    bench: str = "step"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def engine_step(timer: Timer, batch: int, context: int, q_heads: int, kv_heads: int, head_dim: int,
+                layer_widths: list[tuple[float, float]],
+                rotary_pairs: int = 0) -> tuple[list[tuple[int, Row]], StepRow]:
+    """Times one decode row per distinct (key, value) width pair of the layers, each with the count
+    of layers that have it, and adds them up as the layers run, one after another (each finds its
+    cache cold)."""
+    rows = [(n, decode_row(timer, batch, context, q_heads, kv_heads, head_dim, k, v, 1, rotary_pairs))
+            for (k, v), n in Counter(layer_widths).items()]
+
+    def total(attr: str) -> float:
+        return sum(n * getattr(r, attr) for n, r in rows)
+    tq_us, sdpa_us = total("tq_us"), total("sdpa_us")
+    return rows, StepRow(batch, context, len(layer_widths), tq_us, total("fused_us"), sdpa_us,
+                         sdpa_us / tq_us)
 
 
 def packed_bytes_of(batch, context, kv_heads, head_dim, k_bits, v_bits) -> int:

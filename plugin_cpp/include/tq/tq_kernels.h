@@ -28,6 +28,8 @@ extern "C" {
 
 #define TQ_FORMAT_VERSION 3
 #define TQ_OLDEST_READABLE_FORMAT_VERSION 2 /* version 3 only added widths: version 2 reads as 3 */
+/* Whether this library reads packed format version v (tq_check_format_version explains a refusal). */
+#define TQ_READS_FORMAT_VERSION(v) ((v) >= TQ_OLDEST_READABLE_FORMAT_VERSION && (v) <= TQ_FORMAT_VERSION)
 #define TQ_MAX_BITS 5
 #define TQ_MAX_GROUPS 2
 #define TQ_MAX_HEAD_DIM 128 /* the kernels support head_dim 64 and 128 */
