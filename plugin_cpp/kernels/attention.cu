@@ -579,45 +579,49 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(AttnArgs a, int
   }
   // Launched early (programmatic dependent launch): wait until the split pass's writes are visible.
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  // The splits' running maxima, read by all threads at once.
-  float m_all = -INFINITY;
-  for (int s = threadIdx.x; s < a.num_splits; s += 32 * kMergeWarps)
-    m_all = fmaxf(m_all, a.ws_ml[base + s].x);
-  for (int o = 16; o > 0; o >>= 1) m_all = fmaxf(m_all, __shfl_xor_sync(0xffffffffu, m_all, o));
-  if (lane == 0) m_s[warp] = m_all;
-  __syncthreads();
-#pragma unroll
-  for (int w = 0; w < kMergeWarps; ++w) m_all = fmaxf(m_all, m_s[w]);
-  m_all = fmaxf(m_all - shift, s_own);
-  // Warp w weighs splits w, w + kMergeWarps, ...: the loads of different splits are independent,
-  // so many are in flight at once (one warp walking every split was latency-bound: 30 us at 64
-  // splits). Each lane holds E consecutive rotated dims.
-  float acc[E] = {}, l_all = 0.0f;
+  // Warp w folds splits w, w + kMergeWarps, ... into a running state of its own (maximum, sum,
+  // weighted output), as the online softmax does: no pass over the splits' maxima comes first, so
+  // after the wait the workspace is read in one round of independent loads (one warp walking every
+  // split was latency-bound: 30 us at 64 splits). Each lane holds E consecutive rotated dims.
+  float m_w = -INFINITY, l_w = 0.0f, acc[E] = {};
 #pragma unroll 4
   for (int s = warp; s < a.num_splits; s += kMergeWarps) {
     const float2 ml = a.ws_ml[base + s];
-    const float w = ml.x == -INFINITY ? 0.0f : exp2f(ml.x - shift - m_all);
-    l_all += w * ml.y;
     float part[E];
     load_floats<E>(a.ws_o + (base + s) * D + lane * E, part);
+    const float m = ml.x - shift;  // -inf: the split saw no key
+    if (m > m_w) {
+      const float r = exp2f(m_w - m);  // 0 while m_w is -inf
+      l_w *= r;
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[e] *= r;
+      m_w = m;
+    }
+    const float w = m == -INFINITY ? 0.0f : exp2f(m - m_w);
+    l_w += w * ml.y;
 #pragma unroll
     for (int e = 0; e < E; ++e) acc[e] += w * part[e];
   }
 #pragma unroll
   for (int e = 0; e < E; ++e) acc_s[warp][lane * E + e] = acc[e];
-  if (lane == 0) l_s[warp] = l_all;
+  if (lane == 0) m_s[warp] = m_w, l_s[warp] = l_w;
   __syncthreads();
   if (warp != 0) return;
-  // Warp 0 sums the warps' partial states and finishes the row.
+  // Warp 0 weighs the warps' states and the own position's score against their common maximum and
+  // finishes the row.
+  float m_all = s_own;
 #pragma unroll
-  for (int e = 0; e < E; ++e) {
-    acc[e] = 0.0f;
+  for (int w = 0; w < kMergeWarps; ++w) m_all = fmaxf(m_all, m_s[w]);
+  float l_all = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kMergeWarps; ++w) acc[e] += acc_s[w][lane * E + e];
+  for (int e = 0; e < E; ++e) acc[e] = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kMergeWarps; ++w) {
+    const float r = m_s[w] == -INFINITY ? 0.0f : exp2f(m_s[w] - m_all);
+    l_all += r * l_s[w];
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] += r * acc_s[w][lane * E + e];
   }
-  l_all = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kMergeWarps; ++w) l_all += l_s[w];
   const float w_own = s_own == -INFINITY ? 0.0f : exp2f(s_own - m_all);
   const float l_sum = l_all + w_own;
   // The log-sum-exp with q . mean added back, in base 2.
