@@ -141,6 +141,7 @@ def engine(engine_dir, sizes, iters, as_json):
             click.echo(json.dumps(step.as_dict()))
             continue
         _echo_rows([r for _, r in rows], False)
+        click.echo("layers per K/V width pair: " + ", ".join(f"{r.k_bits:g}/{r.v_bits:g} x {n}" for n, r in rows))
         click.echo(f"step: {step.layers} layers, batch {batch} x {context}: tq {step.tq_us:.1f} us "
                    f"(fused append {step.fused_us:.1f}), SDPA {step.sdpa_us:.1f} us, {step.speedup:.2f}x")
 
