@@ -777,8 +777,9 @@ void (*generic_split_kernel(int kg, int vg))(AttnArgs) {
 }
 
 // The widths with kernels of their own, narrowest first: those the allocator gives
-// (calibration/allocate.py: 2, 2.5, 3, 3.5, 4 and 5 bits) as (groups, bits of group 0); a
-// fractional width's second group is one bit narrower (FORMAT.md section 2).
+// (calibration/allocate.py: 2, 2.5, 3, 3.5, 4 and 5 bits) as (groups, bits of group 0). A
+// fractional width's second group is one bit narrower (FORMAT.md section 2; make_layout refuses
+// any other), so these two numbers name a width.
 struct Width {
   int groups, bits;
 };
@@ -786,8 +787,7 @@ constexpr Width kSpecialWidths[] = {{1, 2}, {2, 3}, {1, 3}, {2, 4}, {1, 4}, {1, 
 constexpr int kNumSpecialWidths = sizeof(kSpecialWidths) / sizeof(kSpecialWidths[0]);
 
 __host__ inline bool has_width(const PageShape& s, Width w) {
-  return s.num_groups == w.groups && s.group[0].bits == w.bits &&
-         (w.groups == 1 || s.group[1].bits == w.bits - 1);
+  return s.num_groups == w.groups && s.group[0].bits == w.bits;
 }
 
 // The specialized split kernel of these codecs' widths, among the pairs whose value width is no
