@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: compute-sanitizer memcheck over representative GPU tests, then an ncu profile
-# of the decode kernels at batch 1, context 131072 (logs under $OUT or ./device_out).
+# of the decode kernels at batch 1, context 131072, or (ncu-prefill) of the prefill pass at 2,048 new
+# tokens over 32,768 with the calibrated tables' rotary mean (logs under $OUT or ./device_out).
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 what="${1:-all}"
@@ -15,4 +16,10 @@ if [[ "$what" == ncu || "$what" == all ]]; then
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
     --section MemoryWorkloadAnalysis --section LaunchStats --section SourceCounters --section InstructionStats \
     python3 -m tq_trtllm.cli.bench decode --sizes 1x131072 --iters 1 2>&1 | tee "$OUT/ncu_decode.txt" | grep -v "^==PROF==" | tail -120
+fi
+if [[ "$what" == ncu-prefill ]]; then
+  timeout 300 ncu --clock-control none -k regex:prefill_kernel --launch-skip 1 --launch-count 1 \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy --section WarpStateStats \
+    --section SchedulerStats --section LaunchStats --section SourceCounters --section InstructionStats \
+    python3 -m tq_trtllm.cli.bench prefill --rotary-pairs 16 --iters 2 2>&1 | tee "$OUT/ncu_prefill.txt" | grep -v "^==PROF==" | tail -150
 fi

@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
     const float f = table_pair.freq;
     constexpr int kRowStep = 32 * kWarps / TQ_MAX_ROTARY_PAIRS;
     for (int j = threadIdx.x / TQ_MAX_ROTARY_PAIRS; j < kChunk; j += kRowStep)
-      store_turn_hi_lo(rot_e + j * kRotLd, rot_e + (kChunk + j) * kRotLd, i, small_turn(j, f));
+      store_turn_hi_lo(rot_e, rot_e + kChunk * kRotLd, i, small_turn(j, f), [j](int c) { return j * kRotLd + c; });
     if (threadIdx.x < TQ_MAX_ROTARY_PAIRS) rot_turn[i] = rotary_turn(kWarps * kChunk, f);
     __syncthreads();
   }

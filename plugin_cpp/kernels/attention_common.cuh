@@ -23,8 +23,8 @@ constexpr float kLog2e = 1.4426950408889634f;
 // Query rows per KV head above which tq_prefill_attention runs the prefill pass (256-row CTAs that
 // decode each tile once into shared memory) instead of the split pass (16-row CTAs).
 constexpr int kPrefillMinRows = 64;
-constexpr int kPrefillWarps = 8;
-constexpr int kPrefillRows = 256;  // query rows per CTA of the prefill pass, 32 per warp
+constexpr int kPrefillWarps = 16;  // four warpgroups
+constexpr int kPrefillRows = 256;  // query rows per CTA of the prefill pass, 16 per warp
 constexpr int kPrefillCtasPerSm = 1;
 
 // Query rows are the q_len x group query vectors that share one KV head: row = token * group +
@@ -126,9 +126,9 @@ __host__ __device__ inline int64_t ws_slot(const AttnArgs& a, int b, int kvh, in
 
 // The rotary mean in attention (FORMAT.md section 1.1): q . R(pos) m = sum_i Re(z_i e^{i pos f_i})
 // over the key codec's pairs i. Both passes add it with one more mma k step per 8 pairs, the
-// product of a cos | sin table of angles with a (Re, -Im) row per query row, in rows of kRotLd
-// fp16: pair i's cos at column rot_col(i), its sin 8 further (40 columns put the 8 rows that one
-// fragment or ldmatrix reads on distinct banks).
+// product of a cos | sin table of angles with a (Re, -Im) row per query row: pair i's cos at
+// column rot_col(i), its sin 8 further. The split pass keeps rows of kRotLd fp16 (40 columns put
+// the 8 rows that one fragment or ldmatrix reads on distinct banks).
 constexpr int kRotLd = 2 * TQ_MAX_ROTARY_PAIRS + 8;
 __host__ __device__ inline int rot_col(int i) { return 16 * (i / 8) + i % 8; }
 
@@ -173,13 +173,15 @@ __device__ inline float2 small_turn(int j, float freq) {
   return make_float2(c, s);
 }
 
-// Pair i's (cos, sin) into its columns of a table row in fp16, hi and lo (the rounding remainder).
-__device__ inline void store_turn_hi_lo(__half* hi_row, __half* lo_row, int i, float2 cs) {
+// Pair i's (cos, sin) into its columns of a table row in fp16, hi and lo (the rounding remainder);
+// at(column) is the element of the row's column in the hi and lo tables.
+template <class At>
+__device__ inline void store_turn_hi_lo(__half* hi, __half* lo, int i, float2 cs, At at) {
 #pragma unroll
   for (int part = 0; part < 2; ++part) {
     const HalfHiLo v = split_half(part ? cs.y : cs.x);
-    hi_row[rot_col(i) + 8 * part] = v.hi;
-    lo_row[rot_col(i) + 8 * part] = v.lo;
+    hi[at(rot_col(i) + 8 * part)] = v.hi;
+    lo[at(rot_col(i) + 8 * part)] = v.lo;
   }
 }
 
