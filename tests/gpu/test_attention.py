@@ -128,7 +128,7 @@ def test_a_smaller_call_runs_in_the_workspace_of_a_larger_one(gen):
 
 PREFILL_CASES = [
     # head_dim, q heads, kv heads, k width, v width, chunk, dtype, tables; chunk x group > 64 rows
-    # per KV head runs the prefill pass (128-row CTAs), fewer the split pass
+    # per KV head runs the prefill pass (256-row CTAs on wgmma), fewer the split pass
     (128, 8, 2, 3, 3, 100, torch.float16, True),
     (128, 8, 2, 3, 3, 100, torch.bfloat16, True),
     (128, 4, 4, 4, 2, 70, torch.float16, False),     # group 1
