@@ -39,6 +39,9 @@ constexpr int ctas_per_sm(int nr) { return nr == 1 ? 4 : 3; }
 constexpr int kMergeWarps = 4;  // warps per query row in the merge pass
 constexpr float kLn2 = 0.6931471805599453f;
 
+// Rows of the rotary mean's tables in the split pass: 40 fp16 columns put the 8 rows that one
+// fragment or ldmatrix reads on distinct banks.
+constexpr int kRotLd = 2 * TQ_MAX_ROTARY_PAIRS + 8;
 // The rotary mean's tables, where the query rows were (they are in registers by then): the cos |
 // sin of the angles j f_i, j = 0 .. kChunk - 1, as fp16 hi [kChunk][kRotLd] and lo (the
 // remainder) [kChunk][kRotLd]; then float2 [TQ_MAX_ROTARY_PAIRS]: each pair's turn over a warp's

@@ -127,9 +127,7 @@ __host__ __device__ inline int64_t ws_slot(const AttnArgs& a, int b, int kvh, in
 // The rotary mean in attention (FORMAT.md section 1.1): q . R(pos) m = sum_i Re(z_i e^{i pos f_i})
 // over the key codec's pairs i. Both passes add it with one more mma k step per 8 pairs, the
 // product of a cos | sin table of angles with a (Re, -Im) row per query row: pair i's cos at
-// column rot_col(i), its sin 8 further. The split pass keeps rows of kRotLd fp16 (40 columns put
-// the 8 rows that one fragment or ldmatrix reads on distinct banks).
-constexpr int kRotLd = 2 * TQ_MAX_ROTARY_PAIRS + 8;
+// column rot_col(i), its sin 8 further.
 __host__ __device__ inline int rot_col(int i) { return 16 * (i / 8) + i % 8; }
 
 // Query row r of KV head kvh in sequence b (token r / group of the call, query head

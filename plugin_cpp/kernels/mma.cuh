@@ -28,15 +28,10 @@ __device__ inline uint32_t transpose_8x8(uint32_t x) {
 }
 
 // Four 8x8 fp16 matrices from shared memory as mma fragments: lanes 8i .. 8i+7 give the 16-byte
-// rows of matrix i, r[i] receives it (transposed with .trans: lane l then holds column l / 4).
+// rows of matrix i, r[i] receives it.
 __device__ inline void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
   const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(row));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
-__device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
 }
 
