@@ -79,6 +79,21 @@ __device__ inline PageShape tile_shape(const PageShape& runtime) {
   else return runtime;
 }
 
+// The fused append's work in one CTA: the call's new keys and values (AttnArgs::new_kv) of
+// sequence b, KV head kvh whose positions lie in [first, last), L the sequence's length; one warp
+// per vector.
+template <int D, typename T>
+__device__ inline void encode_new_rows(const AttnArgs& a, int b, int kvh, int L, int first, int last) {
+  for (int item = threadIdx.x / 32; item < 2 * a.q_len; item += kWarps) {
+    const int j = item / 2, kind = item % 2, pos = L - a.q_len + j;
+    if (pos < 0 || pos < first || pos >= last) continue;
+    uint8_t* page = page_of(a.cache, b, kind, pos / a.cache.tokens, kvh);
+    const T* x = static_cast<const T*>(a.new_kv[kind]) + (int64_t(b) * a.q_len + j) * a.new_stride +
+                 int64_t(kvh) * D;
+    encode_vector<D, T>(a.cache.codec[kind], kvh, x, page, pos);
+  }
+}
+
 // KG, VG: groups of the key and value codecs; KB, VB: their group-0 bits, or 0 for any width of at
 // most MAXB bits. NR: query-row n tiles (8 rows each) of the transposed products.
 template <int D, int KG, int VG, int KB, int VB, int MAXB, int NR, typename T>
@@ -86,8 +101,19 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int g4 = lane >> 2, tig = lane & 3;
-  const int split = blockIdx.x, kvh = blockIdx.y;
-  const int b = blockIdx.z / a.row_tiles, rt = blockIdx.z % a.row_tiles;
+  // The grid (launch_split_pass): (split, KV head, z = b row_tiles + rt), or with append CTAs one
+  // dimension, CTA i = split + splits (kvh + heads z), then from append_cta0 on one per sequence
+  // and KV head (q_len 1: z = b).
+  int split = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
+  const bool append_cta = int(blockIdx.x) >= a.append_cta0;
+  if (a.append_cta0 != kNoAppendCtas) {
+    const int heads = a.cache.num_kv_heads;
+    const int i = append_cta ? blockIdx.x - a.append_cta0 : blockIdx.x / a.num_splits;
+    split = append_cta ? 0 : blockIdx.x % a.num_splits;
+    kvh = i % heads;
+    z = i / heads;
+  }
+  const int b = z / a.row_tiles, rt = z % a.row_tiles;
   const PageShape kt = tile_shape<D, KG, KB>(a.chunk[0]);
   const PageShape vt = tile_shape<D, VG, VB>(a.chunk[1]);
   const CodecLayout& kc = a.cache.codec[0];
@@ -99,20 +125,15 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
   const CtaKeys keys = cta_keys(a, b, split, row0, kRows);
   const int L = keys.len, split_begin = keys.begin, split_end = keys.end;
 
-  // --- Prologue: the fused append (tq_decode_attention_append): the new tokens that fall in this
-  // split, encoded before any warp copies a tile (the barrier below orders the writes first);
-  // every row tile's CTA of the split writes the same bytes. ---
-  if (a.append) {
-    for (int item = warp; item < 2 * a.q_len; item += kWarps) {
-      const int j = item / 2, kind = item % 2, pos = L - a.q_len + j;
-      if (pos < 0 || pos < split_begin || pos >= split_begin + a.split_tokens) continue;
-      uint8_t* page = page_of(a.cache, b, kind, pos / a.cache.tokens, kvh);
-      if (!page) continue;
-      const T* x = static_cast<const T*>(a.new_kv[kind]) + (int64_t(b) * a.q_len + j) * a.new_stride +
-                   int64_t(kvh) * D;
-      encode_vector<D, T>(a.cache.codec[kind], kvh, x, page, pos);
-    }
-  }
+  // --- The fused append (tq_decode_attention_append). A one-token step's position is no split's
+  // to read (every row's own position is taken exactly, own_lag), so CTAs of their own, launched
+  // after all the splits', encode it while the splits run. More new tokens are read by later
+  // rows: the splits that hold them encode them before any warp copies a tile (the barrier below
+  // orders the writes first); every row tile's CTA of the split writes the same bytes. ---
+  if (a.append && (append_cta || a.append_cta0 == kNoAppendCtas))
+    encode_new_rows<D, T>(a, b, kvh, L, append_cta ? L - 1 : split_begin,
+                          append_cta ? L : split_begin + a.split_tokens);
+  if (append_cta) return;
   // --- The rotated query rows, fp16 into shared memory; the codebook tables; the rotary mean's
   // state. Every global read of the prologue is issued before the first use of any: the codec's
   // per-lane and per-pair arrays, then every query value, so that the prologue waits on two
@@ -818,8 +839,11 @@ void (*split_kernel_for(const CacheView& c))(AttnArgs) {
   return has_5bit_codes(c) ? generic_split_kernel<D, 5, NR, T>(kg, vg) : generic_split_kernel<D, 4, NR, T>(kg, vg);
 }
 
+// With append CTAs the split pass's grid is one-dimensional (attention_split_kernel): the split
+// CTAs in the same order, then the append CTAs, dispatched last.
 template <int D, typename T>
 tq_status launch_split_pass(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
+  if (a.append_cta0 != kNoAppendCtas) grid = dim3(unsigned(a.append_cta0 + int64_t(grid.z) * grid.y));  // z = b here
   const SmemPlan plan = smem_plan<D>(a.chunk[0], a.chunk[1], a.cache.codec[0].rotary_pairs > 0);
   auto kernel = row_ntiles(a.rows) == 1 ? split_kernel_for<D, 1, T>(a.cache)
                                          : split_kernel_for<D, 2, T>(a.cache);
@@ -922,6 +946,14 @@ tq_status attention(const char* name, int max_q_len, const tq_paged_cache* cache
   a.row_tiles = sp.row_tiles;
   a.num_splits = sp.num_splits;
   a.split_tokens = sp.split_tokens;
+  // A one-token step's append in CTAs of its own, after the splits' (q_len 1: one row tile per
+  // sequence and KV head), where the splits and they take at most 3 of an SM's 4 CTA slots: at
+  // 1 x 131,072 (3 split CTAs per SM) they made the call 24% slower, while the splits' own
+  // encoding costs 0.2% there (docs/BENCHMARKS.md, session 16).
+  const int64_t split_ctas = int64_t(sp.num_splits) * heads * batch * sp.cta_tiles;
+  const int64_t free_slots = int64_t(sm_count()) * (ctas_per_sm(row_ntiles(a.rows)) - 1) - split_ctas;
+  a.append_cta0 = append && q_len == 1 && !sp.prefill && int64_t(batch) * heads <= free_slots
+                      ? int(split_ctas) : kNoAppendCtas;
   a.q_scale = softmax_scale * kLog2e;
   a.ws_o = static_cast<float*>(workspace);
   a.ws_ml = reinterpret_cast<float2*>(a.ws_o + slots * d);

@@ -27,6 +27,8 @@ constexpr int kPrefillWarps = 16;  // four warpgroups
 constexpr int kPrefillRows = 256;  // query rows per CTA of the prefill pass, 16 per warp
 constexpr int kPrefillCtasPerSm = 1;
 
+constexpr int kNoAppendCtas = 0x7fffffff;  // AttnArgs::append_cta0: no append CTAs
+
 // Query rows are the q_len x group query vectors that share one KV head: row = token * group +
 // head in group.
 struct AttnArgs {
@@ -46,6 +48,10 @@ struct AttnArgs {
   const void* new_kv[2];
   int64_t new_stride;     // their token stride, elements
   bool append;            // the split pass first writes new_kv into the pages (the fused append)
+  // A one-token step's fused append runs in CTAs of its own, the split pass's from append_cta0 on
+  // (launched after every split's CTA): no split reads that position (own_lag). Else
+  // (kNoAppendCtas) each split encodes the new positions it holds before it reads any.
+  int append_cta0;
   float* ws_o;          // [batch][Hkv][row_tiles * 16][splits][D]: unnormalized partial outputs
   float2* ws_ml;        // [batch][Hkv][row_tiles * 16][splits]: (running max, sum) in base 2
 };

@@ -20,7 +20,9 @@ __device__ inline uint32_t gather_word(uint32_t bits, int lanes_per_word) {
 }
 
 // x: the vector's head_dim activations (head `head` of the codec's per-head tables) at packed
-// position `pos`; the whole warp calls this with the same arguments.
+// position `pos`; the whole warp calls this with the same arguments. page: the slot's page, or null
+// where the block table has none (nothing is written). Callers look the page up without waiting
+// on it: its read then overlaps the codec's and x's instead of coming before them.
 template <int D, typename T>
 __device__ inline void encode_vector(const CodecLayout& l, int head, const T* x, uint8_t* page,
                                      int pos) {
@@ -76,6 +78,7 @@ __device__ inline void encode_vector(const CodecLayout& l, int head, const T* x,
   lo = gather_word(lo, lo_lanes);
   hi = gather_word(hi, hi_lanes);
   const int group_lane = lane - gl.start / E;
+  if (!page) return;
   if (group_lane % lo_lanes == 0)
     reinterpret_cast<uint32_t*>(page + gl.lo_off + slot * gl.lo_row_bytes)[group_lane / lo_lanes] = lo;
   if (gl.hi_off >= 0 && group_lane % hi_lanes == 0)

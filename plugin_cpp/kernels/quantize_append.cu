@@ -26,7 +26,6 @@ __global__ void __launch_bounds__(32 * kVectorWarps) quantize_append_kernel(Appe
   if (seq < 0 || seq >= a.batch || pos < 0) return;
   const CodecLayout& l = a.cache.codec[kv];
   uint8_t* page = page_of(a.cache, seq, kv, pos / a.cache.tokens, head);
-  if (!page) return;
   const T* x = static_cast<const T*>(a.src[kv]) + token * a.token_stride + int64_t(head) * D;
   encode_vector<D, T>(l, head, x, page, pos);
 }
