@@ -11,8 +11,11 @@
 // softmax step in base 2 per 32 tokens: tokens and value dims are the mma's M (16), query rows its
 // N (8 per row tile), so a decode step of up to 8 rows (GQA group x q_len) wastes no tensor-core
 // rows, and the decoded codes, as A fragments, serve every row tile. Norms multiply the scores
-// (keys) and the probabilities (values), so centroids are decoded unscaled. The 4 warps' states are combined and written as one partial
-// state per split.
+// (keys) and the probabilities (values), so centroids are decoded unscaled. The 4 warps' states
+// are combined and written as one partial state per split.
+// The fused append (tq_decode_attention_append) encodes the call's new keys and values in the split
+// pass: a one-token step's in CTAs of its own beside the splits where they fit (AttnArgs::
+// append_cta0), otherwise in the splits that hold the new positions, before they read them.
 // Every pair of the allocator's widths with values no wider than keys gets kernels whose tile
 // offsets and widths are compile-time constants (tile_shape, special_split_kernel); every other
 // pair runs the same code with them read at run time.
