@@ -18,6 +18,11 @@ SHAPES = {  # name: (q heads, kv heads, head_dim)
     "llama3-8b": (32, 8, 128),
     "smollm2": (9, 3, 64),
 }
+# Options the decode and prefill benchmarks share.
+SHAPE = click.option("--shape", type=click.Choice(sorted(SHAPES)), default="llama3-8b", show_default=True)
+BITS = click.option("--bits", default="3", show_default=True,
+                    help="Comma-separated widths or K/V pairs, e.g. 3,4,k5v3.")
+JSON_ROWS = click.option("--json", "as_json", is_flag=True, help="One JSON object per row.")
 
 
 def _parse_pairs(text: str) -> list[tuple[int, int]]:
@@ -64,15 +69,14 @@ def main():
 
 
 @main.command(help="Decode attention (one query token per sequence by default).")
-@click.option("--shape", type=click.Choice(sorted(SHAPES)), default="llama3-8b", show_default=True)
+@SHAPE
 @click.option("--sizes", default="1x4096,1x32768,1x131072,8x32768,32x32768", show_default=True,
               help="Comma-separated BATCHxCONTEXT.")
-@click.option("--bits", default="3", show_default=True,
-              help="Comma-separated widths or K/V pairs, e.g. 3,4,k5v3.")
+@BITS
 @click.option("--q-len", type=click.IntRange(1, 8), default=1, show_default=True)
 @click.option("--iters", type=click.IntRange(min=1), default=50, show_default=True)
 @ROTARY
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per row.")
+@JSON_ROWS
 @clean_errors
 def decode(shape, sizes, bits, q_len, iters, rotary_pairs, as_json):
     _require_kernels()
@@ -91,14 +95,13 @@ def decode(shape, sizes, bits, q_len, iters, rotary_pairs, as_json):
 
 
 @main.command(help="Chunked prefill: CHUNK new tokens over HISTORY packed tokens (batch 1, causal).")
-@click.option("--shape", type=click.Choice(sorted(SHAPES)), default="llama3-8b", show_default=True)
+@SHAPE
 @click.option("--history", type=click.IntRange(min=0), default=32768, show_default=True)
 @click.option("--chunk", type=click.IntRange(min=1), default=2048, show_default=True)
-@click.option("--bits", default="3", show_default=True,
-              help="Comma-separated widths or K/V pairs, e.g. 3,4,k5v3.")
+@BITS
 @click.option("--iters", type=click.IntRange(min=1), default=10, show_default=True)
 @ROTARY
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per row.")
+@JSON_ROWS
 @clean_errors
 def prefill(shape, history, chunk, bits, iters, rotary_pairs, as_json):
     _require_kernels()
