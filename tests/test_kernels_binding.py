@@ -18,6 +18,8 @@ from tq_trtllm import kernels
 from tq_trtllm.kernels._lib import TqPagedCache
 from tq_trtllm.kernels.ops import DeviceCodec
 
+from gpu.test_attention import FUSED_CASES, fused_lengths
+
 
 def test_import_needs_no_gpu_and_says_why_it_cannot_run():
     reason = kernels.unavailable_reason()
@@ -83,16 +85,14 @@ MEASURED_SPLITS = {
 }
 
 
-@needs_library
-@pytest.mark.parametrize("shape", sorted(MEASURED_SPLITS))
-def test_the_split_plan_is_the_measured_fastest(shape):
-    """The split count shows in the workspace a call needs (16 rows of hd floats and one float2 per
-    split and row tile), which the library reports before it touches any device pointer."""
-    batch, context, hq, hkv, d, q_len = shape
+def planned_splits(batch, context, hq, hkv, d, q_len):
+    """The library's splits per sequence for a decode call. The split count shows in the workspace
+    the call needs (16 rows of d floats and one float2 per split and row tile), which the library
+    reports before it touches any device pointer."""
     codec = DeviceCodec(VectorCodec(CodecSpec(d, 3)), hkv, "cpu").struct
     chunk = kernels.page_bytes(VectorCodec(CodecSpec(d, 3)), 64) * hkv
     cache = TqPagedCache(k_pool=1 << 20, v_pool=1 << 21, k_chunk_bytes=chunk, v_chunk_bytes=chunk,
-                         block_table=1 << 22, max_blocks=context // 64, tokens_per_block=64,
+                         block_table=1 << 22, max_blocks=-(-context // 64), tokens_per_block=64,
                          num_kv_heads=hkv, num_chunks=1, key=codec, value=codec)
     lib = kernels.library()
     status = lib.tq_decode_attention(ctypes.byref(cache), None, None, 0, 1 << 23, 1 << 24, None, 0,
@@ -102,7 +102,29 @@ def test_the_split_plan_is_the_measured_fastest(shape):
     row_tiles = -(-q_len * hq // hkv // 16)
     slots = (need - 16) // (4 * d + 8)
     assert slots % (batch * hkv * row_tiles * 16) == 0
-    assert slots // (batch * hkv * row_tiles * 16) == MEASURED_SPLITS[shape]
+    return slots // (batch * hkv * row_tiles * 16)
+
+
+@needs_library
+@pytest.mark.parametrize("shape", sorted(MEASURED_SPLITS))
+def test_the_split_plan_is_the_measured_fastest(shape):
+    assert planned_splits(*shape) == MEASURED_SPLITS[shape]
+
+
+@needs_library
+def test_the_fused_append_test_takes_both_append_paths():
+    """A one-token fused step encodes its new keys and values in CTAs of their own where the split
+    CTAs and they take at most 3 of an SM's 4 slots (attention.cu, on 132 SMs), else in the splits
+    that hold them. The GPU test of the fused append must run both: its one-token cases lie on both
+    sides of that rule."""
+    lengths = fused_lengths(1)
+    batch, context = len(lengths), max(lengths)
+    in_own_ctas = set()
+    for d, hq, hkv, _, _, q_len, _, _ in FUSED_CASES:
+        if q_len == 1:
+            split_ctas = planned_splits(batch, context, hq, hkv, d, 1) * batch * hkv
+            in_own_ctas.add(split_ctas + batch * hkv <= 132 * 3)
+    assert in_own_ctas == {True, False}
 
 
 @needs_library

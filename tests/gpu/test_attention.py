@@ -158,12 +158,22 @@ def test_prefill_attention_chunk_over_history(case, with_own, gen):
     check_against_reference(cache, table, q, out, lengths, d**-0.5, own)
 
 
-@pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[4], CASES[6], CASES[9], CASES[12]], ids=case_id)
+# The fused append's cases. A one-token step encodes in CTAs of its own or in the splits, by the
+# plan: the d 128 one-token case here takes the splits, the d 64 one its own CTAs
+# (tests/test_kernels_binding.py pins that both paths stay covered).
+FUSED_CASES = [CASES[1], CASES[2], CASES[4], CASES[6], CASES[9], CASES[12]]
+
+
+def fused_lengths(q_len):
+    return [q_len, 31 + q_len, 3 * 32 + 5, 777, 2048 + 3, 9000]
+
+
+@pytest.mark.parametrize("case", FUSED_CASES, ids=case_id)
 def test_fused_append_writes_the_same_bytes_and_attends_the_same(case, gen):
     """decode_attention(own=(k, v), append=True) leaves the pools byte for byte as quantize_append
     then decode_attention(own=(k, v)) do, and returns the same output, for new tokens in any split."""
     d, hq, hkv, kw, vw, q_len, dtype, tables = case
-    lengths = [q_len, 31 + q_len, 3 * 32 + 5, 777, 2048 + 3, 9000]
+    lengths = fused_lengths(q_len)
     cache, table, kc = make_cache(d, kw, vw, hkv, 32, lengths, gen, tables)
     history = [n - q_len for n in lengths]
     seq, pos = positions(history)
