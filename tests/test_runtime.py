@@ -243,3 +243,20 @@ def test_sliding_window_models_are_refused():
     config = transformers.MistralConfig(sliding_window=4096)
     with pytest.raises(TQError, match="sliding-window"):
         check_config(get_family("mistral"), config)
+
+
+@pytest.mark.parametrize("where", ["sink", "packed"])
+def test_nan_or_inf_activations_are_refused_before_anything_is_stored(model, where):
+    """The kernels cannot refuse NaN or Inf (they would store a finite wrong vector) and the exact
+    sinks would keep it, so the cache refuses it on entry, whatever the backend: a bad key in a
+    sink position and a bad value in a packed one."""
+    table = table_for(model, 3, sinks=2)
+    cache = TurboQuantCache(table)
+    k, v = torch.randn(2, 1, table.kv_heads, 4, table.head_dim)
+    if where == "sink":
+        k[0, 0, 1] = float("nan")
+    else:
+        v[0, 0, 3, 5] = float("inf")
+    with pytest.raises(TQError, match="NaN or Inf"):
+        cache.update(k, v, 0)
+    assert cache.get_seq_length(0) == 0

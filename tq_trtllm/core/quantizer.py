@@ -24,8 +24,10 @@ ROTATIONS = ("hadamard", "dense")
 GAINS = ("unbiased", "norm")
 
 
-def check_finite(x: torch.Tensor, what: str) -> None:
-    if not torch.isfinite(x).all():
+def check_finite(what: str, *xs: torch.Tensor) -> None:
+    """TQError unless every tensor is finite (on a GPU: one host sync for all of them)."""
+    finite = torch.stack([torch.isfinite(x).all() for x in xs]).all()
+    if not finite:
         raise TQError(
             f"{what} contains NaN or Inf; the KV cache cannot store non-finite activations "
             "(check the model's dtype and inputs)"
@@ -172,7 +174,7 @@ class VectorCodec:
         each vector, shaped like x's leading dims before H (needed with a rotary mean)."""
         if x.shape[-1] != self.spec.head_dim:
             raise TQError(f"vectors have {x.shape[-1]} channels but head_dim is {self.spec.head_dim}")
-        check_finite(x, "the key/value input")
+        check_finite("the key/value input", x)
         p = self._to_permuted(x, positions)
         codes, gains = [], []
         for i, g in enumerate(self.spec.groups):

@@ -24,6 +24,7 @@ from .. import kernels
 from ..calibration.table import KVTable
 from ..core.errors import TQError
 from ..core.paged import PagedLayerCache
+from ..core.quantizer import check_finite
 
 TOKENS_PER_BLOCK = 16
 BACKENDS = ("auto", "kernels", "reference")
@@ -90,6 +91,9 @@ class TurboQuantLayer(DynamicLayer):
     def update(self, key_states, value_states, *args, **kwargs):
         """key_states, value_states: [batch, H, T, d], the next T positions of every sequence.
         Returns the sink tokens, tagged with this layer for the attention function."""
+        # the kernels cannot refuse NaN or Inf (they would store a finite wrong vector), and the
+        # exact sinks and window would keep it: refuse it here, whatever the backend
+        check_finite("the key/value input", key_states, value_states)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         start, steps = self.length, key_states.shape[2]
