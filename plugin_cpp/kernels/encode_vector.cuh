@@ -83,9 +83,12 @@ __device__ inline void encode_vector(const CodecLayout& l, int head, const T* x,
     reinterpret_cast<uint32_t*>(page + gl.lo_off + slot * gl.lo_row_bytes)[group_lane / lo_lanes] = lo;
   if (gl.hi_off >= 0 && group_lane % hi_lanes == 0)
     reinterpret_cast<uint32_t*>(page + gl.hi_off + slot * gl.hi_row_bytes)[group_lane / hi_lanes] = hi;
-  if (lane * E == gl.start) {  // fp16, saturated: a kernel cannot refuse an overflow
+  // fp16, saturated: a kernel cannot refuse an overflow. A group with a NaN or Inf activation
+  // (its norm is not finite) stores a NaN gain, so that everything that reads the vector is NaN,
+  // as with an fp16 cache; saturating it (fminf drops a NaN) would store a finite wrong vector.
+  if (lane * E == gl.start) {
     __half* norms = reinterpret_cast<__half*>(page + l.norm_off);
-    norms[g * l.tokens + slot] = __float2half_rn(fminf(gain, 65504.0f));
+    norms[g * l.tokens + slot] = __float2half_rn(isfinite(norm) ? fminf(gain, 65504.0f) : __int_as_float(0x7fc00000));
   }
 }
 

@@ -5,8 +5,8 @@ import torch
 
 from tq_trtllm.core.attention import reference_attention
 from tq_trtllm.core.errors import TQError
-from tq_trtllm.kernels import (KernelCache, decode_attention, prefill_attention, quantize_append,
-                               workspace_bytes)
+from tq_trtllm.kernels import (KernelCache, decode_attention, dequantize, prefill_attention,
+                               quantize_append, workspace_bytes)
 
 from .cases import make_cache, positions, twin
 
@@ -88,6 +88,32 @@ def test_decode_attention_ragged(case, with_own, gen):
     out = torch.full_like(q, float("nan"))
     decode_attention(kc, q, lens, max(lengths), scale, out=out, own=own)
     check_against_reference(cache, table, q, out, lengths, scale, own)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_row_makes_what_reads_it_nan(bad, gen):
+    """A kernel cannot refuse a NaN or Inf activation (the TensorRT plugin's path; the Python
+    reference raises TQError): the row is stored with a NaN gain, so every output that attends to
+    it is NaN, as with an fp16 cache, and never a finite wrong answer. Sequence 0 gets one bad key
+    coordinate, sequence 1 one bad value coordinate, sequence 2 none."""
+    lengths = [300, 300, 300]
+    cache, table, kc = make_cache(128, 3, 3, 2, 64, lengths, gen, tables=True)
+    fill(kc, lengths, 2, 128, gen)
+    rows = torch.randn(2, 2, 2, 128, generator=gen).half().cuda()  # K/V, sequence, head, dim
+    rows[0, 0, 1, 17] = bad
+    rows[1, 1, 0, 90] = bad
+    seq, pos = torch.tensor([0, 1], dtype=torch.int32).cuda(), torch.tensor([123, 45], dtype=torch.int32).cuda()
+    quantize_append(kc, rows[0], rows[1], seq, pos)
+    k, v = dequantize(kc, 0, 123, 1)
+    assert torch.isnan(k[0, 1]).all() and torch.isfinite(k[0, 0]).all()
+    lens = torch.tensor(lengths)
+    q1, q20 = (torch.randn(3, n, 8, 128, generator=gen).half().cuda() for n in (1, 20))
+    # one decode token (the split pass), a chunk of 20 (80 rows per KV head: the prefill pass)
+    for out in (decode_attention(kc, q1, lens, 300), prefill_attention(kc, q20, lens, 300)):
+        assert torch.isnan(out[0, :, 4:]).all() and torch.isfinite(out[0, :, :4]).all(), \
+            "the bad key's KV head (query heads 4-7) must read NaN, the other head finite"
+        assert torch.isnan(out[1, :, :4]).all() and torch.isfinite(out[1, :, 4:]).all()
+        assert torch.isfinite(out[2]).all()
 
 
 def test_decode_attention_length_one_and_block_edges(gen):

@@ -132,7 +132,8 @@ def _check_rows(name: str, t: torch.Tensor, heads: int, head_dim: int) -> None:
 
 def quantize_append(kc: KernelCache, k: torch.Tensor, v: torch.Tensor, seq_idx: torch.Tensor,
                     pos: torch.Tensor) -> None:
-    """Quantize k, v ([n, num_kv_heads, head_dim], fp16/bf16) into (seq_idx[i], pos[i])."""
+    """Quantize k, v ([n, num_kv_heads, head_dim], fp16/bf16) into (seq_idx[i], pos[i]). A row
+    holding NaN or Inf is stored with NaN gains (FORMAT.md step 5): what reads it is NaN."""
     _check_unbiased(kc, "quantize_append")
     h, d = kc.cache.num_kv_heads, kc.head_dim
     _check_rows("k", k, h, d)
