@@ -25,14 +25,36 @@ def test_engine_step_adds_each_layer_at_its_own_widths(monkeypatch):
                                 sdpa_us=50.0, speedup=0.0, packed_mb=0.0, tq_read_tbps=0.0,
                                 fused_us=10 * k + v + 1)
 
+    launched = []  # the back-to-back regions' calls, in launch order
+
+    class FakeCase:  # a layer's decode inputs: its calls record themselves
+        def __init__(self, k, v):
+            self.k, self.v = k, v
+
+        def call(self, fn_name="tq_decode_attention"):
+            return lambda: launched.append((fn_name, self.k, self.v))
+
+    class FakeTimer:  # "times" a step as the number of calls it launched
+        def graph_us(self, calls):
+            before = len(launched)
+            for call in calls:
+                call()
+            return float(len(launched) - before)
+
     monkeypatch.setattr(kernel_speed, "decode_row", fake_row)
+    monkeypatch.setattr(kernel_speed, "decode_case", lambda b, c, hq, hkv, d, k, v, q_len, rp: FakeCase(k, v))
+    monkeypatch.setattr(kernel_speed, "sdpa_decode_call", lambda *shape: lambda: launched.append(("sdpa",)))
     widths = [(3.0, 2.0), (5.0, 4.0), (3.0, 2.0), (2.0, 2.0)]
-    rows, step = kernel_speed.engine_step(None, 1, 4096, 9, 3, 64, widths, 16)
+    rows, step = kernel_speed.engine_step(FakeTimer(), 1, 4096, 9, 3, 64, widths, 16)
     assert sorted((n, r.k_bits, r.v_bits) for n, r in rows) == [(1, 2.0, 2.0), (1, 5.0, 4.0), (2, 3.0, 2.0)]
     assert step.layers == 4
     assert step.tq_us == 2 * 32 + 54 + 22
     assert step.fused_us == step.tq_us + 4
     assert step.sdpa_us == 4 * 50.0 and step.speedup == 200.0 / 140.0
+    # back to back: every layer once, in layer order, at its own widths, one graph per kind of call
+    assert launched == ([("tq_decode_attention", k, v) for k, v in widths] +
+                        [("tq_decode_attention_append", k, v) for k, v in widths] + [("sdpa",)] * 4)
+    assert step.tq_b2b_us == step.fused_b2b_us == step.sdpa_b2b_us == 4.0 and step.b2b_speedup == 1.0
 
 
 def test_engine_bench_refuses_a_folder_without_an_engine(tmp_path):

@@ -23,6 +23,10 @@ SHAPE = click.option("--shape", type=click.Choice(sorted(SHAPES)), default="llam
 BITS = click.option("--bits", default="3", show_default=True,
                     help="Comma-separated widths or K/V pairs, e.g. 3,4,k5v3.")
 JSON_ROWS = click.option("--json", "as_json", is_flag=True, help="One JSON object per row.")
+L2_FLUSH = click.option("--l2-flush", type=click.Choice(["read", "write"]), default="read", show_default=True,
+                        help="How the L2 is emptied before each timed launch: read a large buffer "
+                             "(leaves it clean), or write one (the method up to session 17: leaves "
+                             "dirty lines whose write-back slows a bandwidth-bound baseline).")
 
 
 def _parse_pairs(text: str) -> list[tuple[int, int]]:
@@ -76,14 +80,15 @@ def main():
 @click.option("--q-len", type=click.IntRange(1, 8), default=1, show_default=True)
 @click.option("--iters", type=click.IntRange(min=1), default=50, show_default=True)
 @ROTARY
+@L2_FLUSH
 @JSON_ROWS
 @clean_errors
-def decode(shape, sizes, bits, q_len, iters, rotary_pairs, as_json):
+def decode(shape, sizes, bits, q_len, iters, rotary_pairs, l2_flush, as_json):
     _require_kernels()
     from ..eval.kernel_speed import Timer, decode_row
 
     hq, hkv, d = SHAPES[shape]
-    timer = Timer(iters)
+    timer = Timer(iters, flush=l2_flush)
     rows = []
     for k_bits, v_bits in _parse_widths(bits):
         for batch, context in _parse_pairs(sizes):
@@ -101,30 +106,33 @@ def decode(shape, sizes, bits, q_len, iters, rotary_pairs, as_json):
 @BITS
 @click.option("--iters", type=click.IntRange(min=1), default=10, show_default=True)
 @ROTARY
+@L2_FLUSH
 @JSON_ROWS
 @clean_errors
-def prefill(shape, history, chunk, bits, iters, rotary_pairs, as_json):
+def prefill(shape, history, chunk, bits, iters, rotary_pairs, l2_flush, as_json):
     _require_kernels()
     from ..eval.kernel_speed import Timer, prefill_row
 
     hq, hkv, d = SHAPES[shape]
-    timer = Timer(iters)
+    timer = Timer(iters, flush=l2_flush)
     rows = [prefill_row(timer, history, chunk, hq, hkv, d, k_bits, v_bits, rotary_pairs)
             for k_bits, v_bits in _parse_widths(bits)]
     _echo_rows(rows, as_json)
 
 
 @main.command(help="One decode step's attention over every layer of an engine (tq-build's output), "
-                    "each layer at its own K/V widths, against SDPA over an fp16 cache in every layer. "
+                    "each layer at its own K/V widths, against SDPA over an fp16 cache in every layer: "
+                    "each call timed alone and summed, then the layers' calls back to back. "
                     "The caches hold random data at the engine's widths and rotary pairs.")
 @click.option("--engine", "engine_dir", required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("--sizes", default="1x2048,1x8192,16x8192", show_default=True,
               help="Comma-separated BATCHxCONTEXT.")
 @click.option("--iters", type=click.IntRange(min=1), default=50, show_default=True)
+@L2_FLUSH
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON object per width pair (with its layer count), then one per step.")
 @clean_errors
-def engine(engine_dir, sizes, iters, as_json):
+def engine(engine_dir, sizes, iters, l2_flush, as_json):
     from ..engine import read_manifest
 
     manifest = read_manifest(engine_dir)
@@ -134,7 +142,7 @@ def engine(engine_dir, sizes, iters, as_json):
     fp = manifest["fingerprint"]
     layer_widths = list(zip(manifest["key_widths"], manifest["value_widths"]))
     rotary_pairs = manifest["calibration"].get("rotary_pairs", 0)
-    timer = Timer(iters)
+    timer = Timer(iters, flush=l2_flush)
     for batch, context in _parse_pairs(sizes):
         rows, step = engine_step(timer, batch, context, fp["heads"], fp["kv_heads"], fp["head_dim"],
                                  layer_widths, rotary_pairs)
@@ -146,7 +154,9 @@ def engine(engine_dir, sizes, iters, as_json):
         _echo_rows([r for _, r in rows], False)
         click.echo("layers per K/V width pair: " + ", ".join(f"{r.k_bits:g}/{r.v_bits:g} x {n}" for n, r in rows))
         click.echo(f"step: {step.layers} layers, batch {batch} x {context}: tq {step.tq_us:.1f} us "
-                   f"(fused append {step.fused_us:.1f}), SDPA {step.sdpa_us:.1f} us, {step.speedup:.2f}x")
+                   f"(fused append {step.fused_us:.1f}), SDPA {step.sdpa_us:.1f} us, {step.speedup:.2f}x; "
+                   f"back to back: tq {step.tq_b2b_us:.1f} us (fused append {step.fused_b2b_us:.1f}), "
+                   f"SDPA {step.sdpa_b2b_us:.1f} us, {step.b2b_speedup:.2f}x")
 
 
 if __name__ == "__main__":

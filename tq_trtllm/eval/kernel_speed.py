@@ -2,7 +2,8 @@
 
 Every measurement is the median of per-launch CUDA-event times with the L2 cache flushed before each
 launch (a decode step of a real model finds the cache cold: the other layers evicted it), for both
-the kernels and the baseline. The packed cache is filled by the kernels' own quantize-append from
+the kernels and the baseline; an engine step is also timed as its layers' calls back to back in
+one CUDA graph. The packed cache is filled by the kernels' own quantize-append from
 unit-normal vectors, so the data are realistic.
 """
 
@@ -54,16 +55,22 @@ class Row:
 
 
 class Timer:
-    def __init__(self, iters: int, warmup: int = 3):
+    """flush: how the L2 is emptied before each launch. "read" reads a buffer four times its size,
+    which leaves it clean; "write" (zeroing the buffer, the method up to session 17) leaves it
+    full of dirty lines, whose write-back then takes HBM bandwidth from the timed launch, which
+    slows a bandwidth-bound baseline more than the kernels (docs/BENCHMARKS.md, session 18)."""
+
+    def __init__(self, iters: int, warmup: int = 3, flush: str = "read"):
         self.iters, self.warmup = iters, warmup
-        self.flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+        self.flush_buffer = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+        self.flush = {"read": lambda: self.flush_buffer.max(), "write": self.flush_buffer.zero_}[flush]
 
     def median_us(self, fn) -> float:
         for _ in range(self.warmup):
             fn()
         times = []
         for _ in range(self.iters):
-            self.flush.zero_()
+            self.flush()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
@@ -71,6 +78,18 @@ class Timer:
             times.append((start, end))
         torch.cuda.synchronize()
         return statistics.median(s.elapsed_time(e) * 1e3 for s, e in times)
+
+    def graph_us(self, calls) -> float:
+        """The calls launched back to back, as one CUDA graph (as an engine's decode step runs
+        them: no host launch cost between kernels), timed like one launch."""
+        for call in calls:  # first launches outside the capture (kernel attributes, lazy init)
+            call()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for call in calls:
+                call()
+        return self.median_us(graph.replay)
 
 
 def packed_cache(batch: int, context: int, q_heads: int, kv_heads: int, head_dim: int,
@@ -108,33 +127,50 @@ def raw_attention_call(kc: KernelCache, fn_name: str, q: torch.Tensor, kv_lens: 
     fn = getattr(library(), fn_name)
     rows = (None, None, 0) if new is None else (new[0].data_ptr(), new[1].data_ptr(), new.stride(1))
     args = (ctypes.byref(kc.struct), *rows, q.data_ptr(), out.data_ptr(), None, _dtype_code(q.dtype),
-            kv_lens.data_ptr(), max_kv_len, batch, q_len, hq, d**-0.5, ws.data_ptr(), ws.numel(),
-            ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+            kv_lens.data_ptr(), max_kv_len, batch, q_len, hq, d**-0.5, ws.data_ptr(), ws.numel())
 
-    def call():
-        status = fn(*args)
+    def call():  # on the stream current at the call (a graph capture's)
+        status = fn(*args, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
         if status:
             raise RuntimeError(library().tq_last_error().decode())
+    call.buffers = (out, ws)  # args hold raw pointers: the call keeps what they point to alive
     return call, out
 
 
-def decode_row(timer: Timer, batch: int, context: int, q_heads: int, kv_heads: int, head_dim: int,
-               k_bits: float, v_bits: float, q_len: int = 1, rotary_pairs: int = 0) -> Row:
+@dataclass
+class DecodeCase:
+    """One layer's decode step over a filled packed cache: its inputs, and the step's new rows
+    (q_len tokens per sequence at the last positions, attended to exactly)."""
+    kc: KernelCache
+    context: int
+    q: torch.Tensor
+    lens: torch.Tensor
+    kv_new: torch.Tensor  # [2, batch * q_len, kv_heads, head_dim]: k_new, v_new
+
+    def call(self, fn_name: str = "tq_decode_attention"):
+        return raw_attention_call(self.kc, fn_name, self.q, self.lens, self.context, self.kv_new)[0]
+
+
+def decode_case(batch: int, context: int, q_heads: int, kv_heads: int, head_dim: int,
+                k_bits: float, v_bits: float, q_len: int = 1, rotary_pairs: int = 0) -> DecodeCase:
     _, kc = packed_cache(batch, context, q_heads, kv_heads, head_dim, k_bits, v_bits,
                          rotary_pairs=rotary_pairs)
     q = torch.randn(batch, q_len, q_heads, head_dim, device="cuda", dtype=torch.float16)
     lens = torch.full((batch,), context, device="cuda", dtype=torch.int32)
-    # the step's new rows: q_len tokens per sequence at the last positions, attended to exactly
-    n = batch * q_len
-    kv_new = torch.randn(2, n, kv_heads, head_dim, device="cuda", dtype=torch.float16)
-    call, _ = raw_attention_call(kc, "tq_decode_attention", q, lens, context, kv_new)
-    tq_us = timer.median_us(call)
+    kv_new = torch.randn(2, batch * q_len, kv_heads, head_dim, device="cuda", dtype=torch.float16)
+    return DecodeCase(kc, context, q, lens, kv_new)
+
+
+def decode_row(timer: Timer, batch: int, context: int, q_heads: int, kv_heads: int, head_dim: int,
+               k_bits: float, v_bits: float, q_len: int = 1, rotary_pairs: int = 0) -> Row:
+    case = decode_case(batch, context, q_heads, kv_heads, head_dim, k_bits, v_bits, q_len, rotary_pairs)
+    kc, kv_new = case.kc, case.kv_new
+    tq_us = timer.median_us(case.call())
     seq = torch.arange(batch, device="cuda", dtype=torch.int32).repeat_interleave(q_len)
     pos = (context - q_len + torch.arange(q_len, device="cuda", dtype=torch.int32)).repeat(batch)
     append_us = timer.median_us(lambda: quantize_append(kc, kv_new[0], kv_new[1], seq, pos))
-    fused, _ = raw_attention_call(kc, "tq_decode_attention_append", q, lens, context, kv_new)
-    fused_us = timer.median_us(fused)
-    sdpa_us = sdpa_decode_us(timer, batch, context, q_heads, kv_heads, head_dim, q_len)
+    fused_us = timer.median_us(case.call("tq_decode_attention_append"))
+    sdpa_us = timer.median_us(sdpa_decode_call(batch, context, q_heads, kv_heads, head_dim, q_len))
     nbytes = packed_bytes_of(batch, context, kv_heads, head_dim, k_bits, v_bits)
     return Row("decode", batch, context, q_len, q_heads, kv_heads, head_dim, k_bits, v_bits,
                tq_us, sdpa_us, sdpa_us / tq_us, nbytes / 1e6, nbytes / tq_us / 1e6, append_us,
@@ -143,7 +179,10 @@ def decode_row(timer: Timer, batch: int, context: int, q_heads: int, kv_heads: i
 
 @dataclass
 class StepRow:
-    """One decode step's attention over every layer of an engine, each at its own K/V widths."""
+    """One decode step's attention over every layer of an engine, each at its own K/V widths:
+    each call timed alone (cache cold, launch included) and summed, and the layers' calls back to
+    back in one CUDA graph, as an engine's decode step runs them (each layer its own cache; the L2
+    flushed once, before the step)."""
     batch: int
     context: int
     layers: int
@@ -151,6 +190,10 @@ class StepRow:
     fused_us: float  # ... tq_decode_attention_append (the append fused in), summed
     sdpa_us: float   # SDPA over an fp16 cache in every layer
     speedup: float   # sdpa_us / tq_us
+    tq_b2b_us: float     # tq_decode_attention in every layer, back to back (one graph)
+    fused_b2b_us: float  # tq_decode_attention_append ...
+    sdpa_b2b_us: float   # SDPA ...
+    b2b_speedup: float   # sdpa_b2b_us / tq_b2b_us
     bench: str = "step"
 
     def as_dict(self) -> dict:
@@ -162,15 +205,22 @@ def engine_step(timer: Timer, batch: int, context: int, q_heads: int, kv_heads: 
                 rotary_pairs: int = 0) -> tuple[list[tuple[int, Row]], StepRow]:
     """Times one decode row per distinct (key, value) width pair of the layers, each with the count
     of layers that have it, and adds them up as the layers run, one after another (each finds its
-    cache cold)."""
+    cache cold); then times the whole step's calls back to back, as one CUDA graph."""
     rows = [(n, decode_row(timer, batch, context, q_heads, kv_heads, head_dim, k, v, 1, rotary_pairs))
             for (k, v), n in Counter(layer_widths).items()]
 
     def total(attr: str) -> float:
         return sum(n * getattr(r, attr) for n, r in rows)
+    cases = [decode_case(batch, context, q_heads, kv_heads, head_dim, k, v, 1, rotary_pairs)
+             for k, v in layer_widths]
+
+    tq_b2b = timer.graph_us([c.call() for c in cases])
+    fused_b2b = timer.graph_us([c.call("tq_decode_attention_append") for c in cases])
+    sdpa_b2b = timer.graph_us([sdpa_decode_call(batch, context, q_heads, kv_heads, head_dim, 1)
+                               for _ in layer_widths])
     tq_us, sdpa_us = total("tq_us"), total("sdpa_us")
     return rows, StepRow(batch, context, len(layer_widths), tq_us, total("fused_us"), sdpa_us,
-                         sdpa_us / tq_us)
+                         sdpa_us / tq_us, tq_b2b, fused_b2b, sdpa_b2b, sdpa_b2b / tq_b2b)
 
 
 def packed_bytes_of(batch, context, kv_heads, head_dim, k_bits, v_bits) -> int:
@@ -178,7 +228,8 @@ def packed_bytes_of(batch, context, kv_heads, head_dim, k_bits, v_bits) -> int:
     return batch * context * kv_heads * per_token
 
 
-def sdpa_decode_us(timer: Timer, batch, context, q_heads, kv_heads, head_dim, q_len) -> float:
+def sdpa_decode_call(batch, context, q_heads, kv_heads, head_dim, q_len):
+    """SDPA over an fp16 cache of its own (enable_gqa), as a call with its inputs prepared."""
     q = torch.randn(batch, q_heads, q_len, head_dim, device="cuda", dtype=torch.float16)
     k = torch.randn(batch, kv_heads, context, head_dim, device="cuda", dtype=torch.float16)
     v = torch.randn_like(k)
@@ -186,8 +237,7 @@ def sdpa_decode_us(timer: Timer, batch, context, q_heads, kv_heads, head_dim, q_
     if q_len > 1:  # the new tokens sit at the end: bottom-right causal
         qpos = torch.arange(context - q_len, context, device="cuda")[:, None]
         mask = torch.arange(context, device="cuda")[None, :] <= qpos
-    return timer.median_us(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                                                  enable_gqa=True))
+    return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
 
 def prefill_row(timer: Timer, history: int, chunk: int, q_heads: int, kv_heads: int,
@@ -200,7 +250,7 @@ def prefill_row(timer: Timer, history: int, chunk: int, q_heads: int, kv_heads: 
     kv_new = torch.randn(2, chunk, kv_heads, head_dim, device="cuda", dtype=torch.float16)
     call, _ = raw_attention_call(kc, "tq_prefill_attention", q, lens, total, kv_new)
     tq_us = timer.median_us(call)
-    sdpa_us = sdpa_decode_us(timer, 1, total, q_heads, kv_heads, head_dim, chunk)
+    sdpa_us = timer.median_us(sdpa_decode_call(1, total, q_heads, kv_heads, head_dim, chunk))
     nbytes = packed_bytes_of(1, total, kv_heads, head_dim, k_bits, v_bits)
     return Row("prefill", 1, total, chunk, q_heads, kv_heads, head_dim, k_bits, v_bits, tq_us,
                sdpa_us, sdpa_us / tq_us, nbytes / 1e6, nbytes / tq_us / 1e6,
