@@ -108,6 +108,10 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
   // dimension, CTA i = split + splits (kvh + heads z), then from append_cta0 on one per sequence
   // and KV head (q_len 1: z = b).
   int split = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
+  // The merge pass (a programmatic dependent launch) may start now at head_dim 64, after the tile
+  // loop at 128: starting it at once made SmolLM2's calls 1-7% faster alone and 7-15% in CUDA
+  // graphs, Llama-3-8B's up to 11% slower alone at batch 1 (docs/BENCHMARKS.md, session 18).
+  if constexpr (D == 64) asm volatile("griddepcontrol.launch_dependents;");
   const bool append_cta = int(blockIdx.x) >= a.append_cta0;
   if (a.append_cta0 != kNoAppendCtas) {
     const int heads = a.cache.num_kv_heads;
@@ -474,8 +478,7 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
     __syncwarp();
   }
   cp_async_wait<0>();
-  // The merge pass may be scheduled now (programmatic dependent launch); it waits for this grid.
-  asm volatile("griddepcontrol.launch_dependents;");
+  if constexpr (D != 64) asm volatile("griddepcontrol.launch_dependents;");
 
   // --- Epilogue: combine the 4 warps' states, write this split's partial state. ---
 #pragma unroll
