@@ -54,7 +54,7 @@ def test_engine_step_adds_each_layer_at_its_own_widths(monkeypatch):
     # back to back: every layer once, in layer order, at its own widths, one graph per kind of call
     assert launched == ([("tq_decode_attention", k, v) for k, v in widths] +
                         [("tq_decode_attention_append", k, v) for k, v in widths] + [("sdpa",)] * 4)
-    assert step.tq_b2b_us == step.fused_b2b_us == step.sdpa_b2b_us == 4.0 and step.b2b_speedup == 1.0
+    assert step.tq_graph_us == step.fused_graph_us == step.sdpa_graph_us == 4.0 and step.graph_speedup == 1.0
 
 
 def test_engine_bench_refuses_a_folder_without_an_engine(tmp_path):

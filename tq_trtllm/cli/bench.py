@@ -122,7 +122,7 @@ def prefill(shape, history, chunk, bits, iters, rotary_pairs, l2_flush, as_json)
 
 @main.command(help="One decode step's attention over every layer of an engine (tq-build's output), "
                     "each layer at its own K/V widths, against SDPA over an fp16 cache in every layer: "
-                    "each call timed alone and summed, then the layers' calls back to back. "
+                    "each call timed alone and summed, then the layers' calls in one CUDA graph. "
                     "The caches hold random data at the engine's widths and rotary pairs.")
 @click.option("--engine", "engine_dir", required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("--sizes", default="1x2048,1x8192,16x8192", show_default=True,
@@ -155,8 +155,8 @@ def engine(engine_dir, sizes, iters, l2_flush, as_json):
         click.echo("layers per K/V width pair: " + ", ".join(f"{r.k_bits:g}/{r.v_bits:g} x {n}" for n, r in rows))
         click.echo(f"step: {step.layers} layers, batch {batch} x {context}: tq {step.tq_us:.1f} us "
                    f"(fused append {step.fused_us:.1f}), SDPA {step.sdpa_us:.1f} us, {step.speedup:.2f}x; "
-                   f"back to back: tq {step.tq_b2b_us:.1f} us (fused append {step.fused_b2b_us:.1f}), "
-                   f"SDPA {step.sdpa_b2b_us:.1f} us, {step.b2b_speedup:.2f}x")
+                   f"one CUDA graph: tq {step.tq_graph_us:.1f} us (fused append {step.fused_graph_us:.1f}), "
+                   f"SDPA {step.sdpa_graph_us:.1f} us, {step.graph_speedup:.2f}x")
 
 
 if __name__ == "__main__":

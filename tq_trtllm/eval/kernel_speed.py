@@ -190,10 +190,10 @@ class StepRow:
     fused_us: float  # ... tq_decode_attention_append (the append fused in), summed
     sdpa_us: float   # SDPA over an fp16 cache in every layer
     speedup: float   # sdpa_us / tq_us
-    tq_b2b_us: float     # tq_decode_attention in every layer, back to back (one graph)
-    fused_b2b_us: float  # tq_decode_attention_append ...
-    sdpa_b2b_us: float   # SDPA ...
-    b2b_speedup: float   # sdpa_b2b_us / tq_b2b_us
+    tq_graph_us: float     # tq_decode_attention in every layer, one CUDA graph
+    fused_graph_us: float  # tq_decode_attention_append ...
+    sdpa_graph_us: float   # SDPA ...
+    graph_speedup: float   # sdpa_graph_us / tq_graph_us
     bench: str = "step"
 
     def as_dict(self) -> dict:
@@ -213,14 +213,13 @@ def engine_step(timer: Timer, batch: int, context: int, q_heads: int, kv_heads: 
         return sum(n * getattr(r, attr) for n, r in rows)
     cases = [decode_case(batch, context, q_heads, kv_heads, head_dim, k, v, 1, rotary_pairs)
              for k, v in layer_widths]
-
-    tq_b2b = timer.graph_us([c.call() for c in cases])
-    fused_b2b = timer.graph_us([c.call("tq_decode_attention_append") for c in cases])
-    sdpa_b2b = timer.graph_us([sdpa_decode_call(batch, context, q_heads, kv_heads, head_dim, 1)
+    tq_graph = timer.graph_us([c.call() for c in cases])
+    fused_graph = timer.graph_us([c.call("tq_decode_attention_append") for c in cases])
+    sdpa_graph = timer.graph_us([sdpa_decode_call(batch, context, q_heads, kv_heads, head_dim, 1)
                                for _ in layer_widths])
     tq_us, sdpa_us = total("tq_us"), total("sdpa_us")
     return rows, StepRow(batch, context, len(layer_widths), tq_us, total("fused_us"), sdpa_us,
-                         sdpa_us / tq_us, tq_b2b, fused_b2b, sdpa_b2b, sdpa_b2b / tq_b2b)
+                         sdpa_us / tq_us, tq_graph, fused_graph, sdpa_graph, sdpa_graph / tq_graph)
 
 
 def packed_bytes_of(batch, context, kv_heads, head_dim, k_bits, v_bits) -> int:
