@@ -108,10 +108,12 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
   // dimension, CTA i = split + splits (kvh + heads z), then from append_cta0 on one per sequence
   // and KV head (q_len 1: z = b).
   int split = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
-  // The merge pass (a programmatic dependent launch) may start now at head_dim 64, after the tile
-  // loop at 128: starting it at once made SmolLM2's calls 1-7% faster alone and 7-15% in CUDA
-  // graphs, Llama-3-8B's up to 11% slower alone at batch 1 (docs/BENCHMARKS.md, session 18).
-  if constexpr (D == 64) asm volatile("griddepcontrol.launch_dependents;");
+  // The merge pass (a programmatic dependent launch) may start now at head_dim 64 and in CUDA
+  // graphs, else after the tile loop: starting it at once made SmolLM2's calls 1-7% faster alone
+  // and 7-15% in graphs, Llama-3-8B's 5-7% faster in graphs but up to 11% slower alone at batch 1
+  // (docs/BENCHMARKS.md, session 18).
+  const bool merge_at_start = D == 64 || a.in_graph;
+  if (merge_at_start) asm volatile("griddepcontrol.launch_dependents;");
   const bool append_cta = int(blockIdx.x) >= a.append_cta0;
   if (a.append_cta0 != kNoAppendCtas) {
     const int heads = a.cache.num_kv_heads;
@@ -478,7 +480,7 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
     __syncwarp();
   }
   cp_async_wait<0>();
-  if constexpr (D != 64) asm volatile("griddepcontrol.launch_dependents;");
+  if (!merge_at_start) asm volatile("griddepcontrol.launch_dependents;");
 
   // --- Epilogue: combine the 4 warps' states, write this split's partial state. ---
 #pragma unroll
@@ -961,6 +963,10 @@ tq_status attention(const char* name, int max_q_len, const tq_paged_cache* cache
   a.append_cta0 = append && q_len == 1 && !sp.prefill && int64_t(batch) * heads <= free_slots
                       ? int(split_ctas) : kNoAppendCtas;
   a.q_scale = softmax_scale * kLog2e;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(reinterpret_cast<cudaStream_t>(stream), &capture) != cudaSuccess)
+    cudaGetLastError();  // (the legacy stream beside a global capture): taken as not capturing
+  a.in_graph = capture == cudaStreamCaptureStatusActive;
   a.ws_o = static_cast<float*>(workspace);
   a.ws_ml = reinterpret_cast<float2*>(a.ws_o + slots * d);
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);

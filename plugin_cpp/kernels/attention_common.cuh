@@ -52,6 +52,9 @@ struct AttnArgs {
   // (launched after every split's CTA): no split reads that position (own_lag). Else
   // (kNoAppendCtas) each split encodes the new positions it holds before it reads any.
   int append_cta0;
+  // The call is being captured into a CUDA graph: the split pass lets the merge pass start at once
+  // at every head_dim (attention_split_kernel).
+  bool in_graph;
   float* ws_o;          // [batch][Hkv][row_tiles * 16][splits][D]: unnormalized partial outputs
   float2* ws_ml;        // [batch][Hkv][row_tiles * 16][splits]: (running max, sum) in base 2
 };

@@ -139,6 +139,51 @@ def test_decode_attention_longest_context(q_len, tables, gen):
     check_against_reference(cache, table, q, out, [n], 128**-0.5, own)
 
 
+@pytest.mark.parametrize("n", [100, 1000, 3000, 4096, 9000, 20000, 40000])
+@pytest.mark.parametrize("q_len", [1, 4])
+def test_decode_attention_at_batch_one_over_lengths(n, q_len, gen):
+    """Llama-3-8B's shape at batch 1 with tables and own rows, over the split plan's range: one
+    split of a few tiles at 100 tokens, 8 to 16 splits of 1 to 20 steps beyond, so that every
+    merge sees a different count of partial states, some of them holding masked tails."""
+    cache, table, kc = make_cache(128, 3, 3, 8, 64, [n], gen, tables=True)
+    fill(kc, [n], 8, 128, gen)
+    q = torch.randn(1, q_len, 32, 128, generator=gen).half().cuda()
+    own = new_rows(1, q_len, 8, 128, torch.float16, gen)
+    out = decode_attention(kc, q, torch.tensor([n]), n, own=own)
+    check_against_reference(cache, table, q, out, [n], 128**-0.5, own)
+
+
+@pytest.mark.parametrize("d,hq,hkv", [(128, 32, 8), (64, 9, 3)])
+@pytest.mark.parametrize("q_len", [1, 4])
+def test_a_call_captured_in_a_cuda_graph_gives_the_eager_output(d, hq, hkv, q_len, gen):
+    """Captured into a CUDA graph, a call lets its merge pass start with the split pass at every
+    head_dim (AttnArgs::in_graph): the replay must give the eager call's output and log-sum-exp
+    bit for bit, and both the reference's."""
+    lengths = [3000, 700]
+    cache, table, kc = make_cache(d, 3, 3, hkv, 64, lengths, gen, tables=True)
+    fill(kc, lengths, hkv, d, gen)
+    q = torch.randn(len(lengths), q_len, hq, d, generator=gen).half().cuda()
+    own = new_rows(len(lengths), q_len, hkv, d, torch.float16, gen)
+    lens = torch.tensor(lengths, dtype=torch.int32).cuda()
+    ws = torch.empty(workspace_bytes(len(lengths), q_len, hq, hkv, d, max(lengths)), dtype=torch.uint8,
+                     device="cuda")
+    outs = [torch.full_like(q, float("nan")) for _ in range(2)]
+    lses = [torch.empty(len(lengths), q_len, hq, device="cuda") for _ in range(2)]
+
+    def call(i):
+        decode_attention(kc, q, lens, max(lengths), out=outs[i], workspace=ws, lse=lses[i], own=own)
+
+    call(0)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call(1)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(outs[1], outs[0]) and torch.equal(lses[1], lses[0])
+    check_against_reference(cache, table, q, outs[1], lengths, d**-0.5, own)
+
+
 def test_a_smaller_call_runs_in_the_workspace_of_a_larger_one(gen):
     """The TensorRT plugin sizes the workspace once, for its profile's largest batch; 8 sequences
     split their keys more finely than 32 do and must still fit (tests/test_kernels_binding.py
