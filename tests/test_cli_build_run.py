@@ -153,18 +153,20 @@ def test_needle_compares_several_engines_over_several_seeds(engine, checkpoint, 
                    "--output", other, "--calib-windows", "2")
     assert built.exit_code == 0, built.output
     both = invoke(tq_eval, "needle", "--engine", engine, "--engine", other, "--lengths", "64",
-                  "--seeds", "0-2", "--graded", "--json")
+                  "--seeds", "0-2", "--baseline", "fp8", "--graded", "--json")
     assert both.exit_code == 0, both.output
     both = json.loads(both.stdout)
-    # --graded: every prompt scored under every cache; the summary is their mean change
-    for name in (engine.name, other.name):
+    # --graded: every prompt scored under every cache, a reference cache's too; the summary is
+    # their mean change
+    for name in (engine.name, other.name, "fp8"):
         diffs = [r["key_log_prob"][name] - r["key_log_prob"]["fp16"] for r in both["answers"]]
         assert both["graded"][name]["64"]["mean"] == pytest.approx(sum(diffs) / len(diffs))
     assert both["seeds"] == [0, 1, 2] and both["prompts_per_length"] == 3 * len(both["depths"])
-    assert set(both["accuracy"]) == {"fp16", engine.name, other.name}
+    caches = {"fp16", engine.name, other.name, "fp8"}
+    assert set(both["accuracy"]) == caches and set(both["changes"]) == caches - {"fp16"}
     rows = both["answers"]
     assert [r["seed"] for r in rows] == [s for s in (0, 1, 2) for _ in both["depths"]]
-    assert all(set(r["answers"]) == {"fp16", engine.name, other.name} for r in rows)
+    assert all(set(r["answers"]) == caches for r in rows)
     # seed s of a range asks what --seed s alone asks
     alone = json.loads(invoke(tq_eval, "needle", "--engine", engine, "--lengths", "64", "--seed",
                               "2", "--json").stdout)
@@ -184,6 +186,9 @@ def test_needle_compares_several_engines_over_several_seeds(engine, checkpoint, 
     shutil.copytree(engine, named_fp16)
     assert_clean_error(invoke(tq_eval, "needle", "--engine", named_fp16, "--lengths", "64"),
                        "named 'fp16'")
+    named_fp8 = tmp_path / "fp8"
+    shutil.copytree(engine, named_fp8)
+    assert_clean_error(invoke(tq_eval, "needle", "--engine", named_fp8, "--baseline", "fp8"), "named 'fp8'")
 
 
 def test_engines_with_one_directory_name_are_refused(engine, calib_file, tmp_path):

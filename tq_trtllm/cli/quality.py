@@ -14,6 +14,9 @@ from ..eval.needle import DEPTHS
 from .common import clean_errors, device_option, place_model
 
 
+BASELINE_HELP = "Also measure a reference cache (repeatable): eval/baselines.py."
+
+
 def _open_engines(paths):
     """Engines that share one model, loaded once: (loaded model, [(name, manifest, table)])."""
     from ..calibration.tables_io import load_table
@@ -42,7 +45,7 @@ def _open_engines(paths):
 @click.option("--engine", "engines", multiple=True, type=click.Path(), required=True,
               help="Engine directory; repeat to compare several engines of one model.")
 @click.option("--baseline", "baselines", multiple=True, type=click.Choice(sorted(BASELINES)),
-              help="Also measure a reference cache (repeatable).")
+              help=BASELINE_HELP)
 @click.option("--corpus", default=f"austen:{EVALUATION_BOOK}", show_default=True,
               help="Text file, or austen:BOOK (held out from the calibration book).")
 @click.option("--max-tokens", type=click.IntRange(min=2), default=16 * 1024, show_default=True,
@@ -115,7 +118,8 @@ def _depths(text: str) -> list[float]:
     return values
 
 
-@click.command(help="Passkey retrieval accuracy, FP16 cache vs each engine's cache, same prompts.")
+@click.command(help="Passkey retrieval accuracy, FP16 cache vs each engine's cache (and each reference "
+                    "cache asked for), same prompts.")
 @click.option("--engine", "engines", multiple=True, type=click.Path(), required=True,
               help="Engine directory; repeat to compare several engines of one model.")
 @click.option("--lengths", default="1024,2048,4096,8000", show_default=True,
@@ -130,6 +134,8 @@ def _depths(text: str) -> list[float]:
               help="Text file or austen:BOOK whose running text fills each prompt, a different "
                    "stretch per prompt (default: one short passage repeated, whose prompts of one "
                    "length answer alike).")
+@click.option("--baseline", "baselines", multiple=True,
+              type=click.Choice(sorted(set(BASELINES) - {"fp16"})), help=BASELINE_HELP)
 @click.option("--graded", is_flag=True,
               help="Also score each prompt by the key's teacher-forced log-probability under each "
                    "cache (one more forward pass per prompt and cache) and report its mean change "
@@ -138,7 +144,7 @@ def _depths(text: str) -> list[float]:
               help="Print one JSON object (with every prompt's answers under 'answers').")
 @device_option
 @clean_errors
-def needle(engines, lengths, seeds, depths, filler, graded, as_json, device):
+def needle(engines, lengths, seeds, depths, filler, baselines, graded, as_json, device):
     from tqdm import tqdm
 
     from ..eval.baselines import RoundtripCache
@@ -146,15 +152,18 @@ def needle(engines, lengths, seeds, depths, filler, graded, as_json, device):
     from ..integrations.cache import TurboQuantCache
 
     lengths, seeds, depths = _lengths(lengths), _seeds(seeds), _depths(depths)
-    if "fp16" in (Path(e).name for e in engines):  # before the model loads
-        raise TQError("an engine directory is named 'fp16', the name of the FP16 cache's "
-                      "results; rename the directory")
+    baselines = list(dict.fromkeys(baselines))
+    for e in engines:  # before the model loads
+        if Path(e).name in ("fp16", *baselines):
+            raise TQError(f"an engine directory is named '{Path(e).name}', the name of a reference "
+                          "cache's results; rename the directory")
     loaded, opened = _open_engines(engines)
     for n in lengths:
         check_length(n, loaded.max_context, 8)
     backend = "kernels" if place_model(loaded.model, device) else "reference"
     first = opened[0][2]
-    factories = {"fp16": lambda: RoundtripCache("fp16", len(first.layers), first.head_dim)}
+    factories = {name: lambda name=name: RoundtripCache(name, len(first.layers), first.head_dim)
+                 for name in ("fp16", *baselines)}
     for name, _, table in opened:
         factories[name] = lambda table=table: TurboQuantCache(table, backend=backend)
     corpus_ids, source = None, "repeated passage"
@@ -166,7 +175,7 @@ def needle(engines, lengths, seeds, depths, filler, graded, as_json, device):
     results, rows = passkey_accuracy(loaded.model, loaded.tokenizer, lengths, factories, seeds,
                                      depths, progress=bar.update, corpus_ids=corpus_ids, graded=graded)
     bar.close()
-    names = [name for name, _, _ in opened]
+    names = [name for name, _, _ in opened] + baselines
     changes = {name: paired_changes(rows, name) for name in names}
     out = {"lengths": lengths, "seeds": seeds, "depths": depths, "filler": source,
            "prompts_per_length": len(seeds) * len(depths), "accuracy": results,
