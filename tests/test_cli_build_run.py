@@ -120,11 +120,12 @@ def test_ppl_and_needle_commands(engine, calib_file):
             rows = [a for a in report["answers"] if a["length"] == length]
             assert all(isinstance(a["answers"][name], str) for a in rows)
             assert report["accuracy"][name][str(length)] == sum(a["key"] in a["answers"][name] for a in rows) / len(rows)
-    for length in (64, 128):
-        rows = [a for a in report["answers"] if a["length"] == length]
+    for length in (64, 128, None):  # None: over both lengths ("all")
+        rows = [a for a in report["answers"] if length in (None, a["length"])]
         hits = [(a["key"] in a["answers"]["fp16"], a["key"] in a["answers"][engine.name]) for a in rows]
-        assert report["changes"][engine.name][str(length)] == {
-            "lost": sum(f and not q for f, q in hits), "won": sum(q and not f for f, q in hits)}
+        got = report["changes"][engine.name][str(length or "all")]
+        assert (got["lost"], got["won"]) == (sum(f and not q for f, q in hits), sum(q and not f for f, q in hits))
+        assert 0.0 < got["p"] <= 1.0
     # running text as filler: each prompt its own stretch of it, the same keys as before
     varied = invoke(tq_eval, "needle", "--engine", engine, "--lengths", "64,128", "--filler",
                     calib_file, "--json")

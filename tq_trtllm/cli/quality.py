@@ -10,7 +10,7 @@ import click
 from ..core.errors import TQError
 from ..eval.baselines import BASELINES
 from ..eval.corpus import EVALUATION_BOOK, read_corpus
-from ..eval.needle import DEPTHS
+from ..eval.needle import ALL, DEPTHS
 from .common import clean_errors, device_option, place_model
 
 
@@ -139,7 +139,7 @@ def _depths(text: str) -> list[float]:
 @click.option("--graded", is_flag=True,
               help="Also score each prompt by the key's teacher-forced log-probability under each "
                    "cache (one more forward pass per prompt and cache) and report its mean change "
-                   "against FP16 per length, with a 95% interval.")
+                   "against FP16 per length and over all lengths, with a 95% interval.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object (with every prompt's answers under 'answers').")
 @device_option
@@ -192,7 +192,9 @@ def needle(engines, lengths, seeds, depths, filler, baselines, graded, as_json, 
                  for name in names]
         click.echo(f"{n:>6}  {results['fp16'][n]:>6.2f}  " + "  ".join(f"{c:>16}" for c in cells))
     for name in names:
-        click.echo(f"{name}: passkey retrieval {'equal to' if out['equal'][name] else 'DIFFERS from'} FP16")
+        total = changes[name][ALL]
+        click.echo(f"{name}: passkey retrieval {'equal to' if out['equal'][name] else 'DIFFERS from'} FP16; "
+                   f"all lengths: {total['lost']} lost, {total['won']} won (sign test p = {total['p']:.3f})")
         for n, g in out.get("graded", {}).get(name, {}).items():
-            click.echo(f"  {n:>6} tokens: key log-probability {g['mean']:+.3f} nats against FP16 "
-                       f"[95% CI {g['ci95'][0]:+.3f}, {g['ci95'][1]:+.3f}]")
+            click.echo(f"  {n:>6}{' tokens' if n != ALL else ''}: key log-probability {g['mean']:+.3f} "
+                       f"nats against FP16 [95% CI {g['ci95'][0]:+.3f}, {g['ci95'][1]:+.3f}]")

@@ -9,7 +9,7 @@ import torch
 
 from ..core.errors import TQError
 from ..integrations.attention import use_turboquant_attention
-from .paired import mean_ci95
+from .paired import mean_ci95, sign_test_p
 
 FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ")
 QUESTION = "\nWhat is the pass key? The pass key is"
@@ -107,25 +107,34 @@ def _hit_rate(rows: list[dict], name: str) -> float:
     return sum(_hit(r, name) for r in rows) / len(rows)
 
 
-def paired_changes(rows: list[dict], name: str, reference: str = "fp16") -> dict:
-    """Per length: prompts that `name` gets wrong where `reference` gets them right (lost) and the
-    reverse (won). The prompts are shared, so these counts, not the accuracies alone, say where a
-    cache differs."""
-    out = {}
+ALL = "all"  # the key of the summaries over the prompts of every length
+
+
+def _by_length(rows: list[dict]) -> dict:
+    """The prompts of each length, then all of them under ALL."""
+    groups: dict = {}
     for r in rows:
-        hit, ref_hit = _hit(r, name), _hit(r, reference)
-        counts = out.setdefault(r["length"], {"lost": 0, "won": 0})
-        counts["lost"] += ref_hit and not hit
-        counts["won"] += hit and not ref_hit
+        groups.setdefault(r["length"], []).append(r)
+    return {**groups, ALL: rows}
+
+
+def paired_changes(rows: list[dict], name: str, reference: str = "fp16") -> dict:
+    """Per length and over all (ALL): prompts that `name` gets wrong where `reference` gets them
+    right (lost), the reverse (won), and the sign test's p-value of that split. The prompts are
+    shared, so these counts, not the accuracies alone, say where a cache differs."""
+    out = {}
+    for length, group in _by_length(rows).items():
+        lost = sum(_hit(r, reference) and not _hit(r, name) for r in group)
+        won = sum(_hit(r, name) and not _hit(r, reference) for r in group)
+        out[length] = {"lost": lost, "won": won, "p": sign_test_p(lost, won)}
     return out
 
 
 def graded_changes(rows: list[dict], name: str, reference: str = "fp16") -> dict:
-    """Per length: the mean change of the key's log-probability against `reference` over the
-    prompts (nats), with a 95% t-interval."""
+    """Per length and over all (ALL): the mean change of the key's log-probability against
+    `reference` over the prompts (nats), with a 95% t-interval."""
     out = {}
-    for length in dict.fromkeys(r["length"] for r in rows):
-        diffs = [r["key_log_prob"][name] - r["key_log_prob"][reference] for r in rows if r["length"] == length]
-        mean, low, high = mean_ci95(diffs)
+    for length, group in _by_length(rows).items():
+        mean, low, high = mean_ci95([r["key_log_prob"][name] - r["key_log_prob"][reference] for r in group])
         out[length] = {"mean": mean, "ci95": [low, high]}
     return out
