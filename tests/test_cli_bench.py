@@ -19,9 +19,10 @@ def test_sizes_are_batch_by_context():
 def test_engine_step_adds_each_layer_at_its_own_widths(monkeypatch):
     from tq_trtllm.eval import kernel_speed
 
-    def fake_row(timer, batch, context, hq, hkv, d, k, v, q_len, rotary_pairs):
+    def fake_row(timer, case):
         # a made-up time per width pair; SDPA the same for every layer
-        return kernel_speed.Row("decode", batch, context, q_len, hq, hkv, d, k, v, tq_us=10 * k + v,
+        k, v = case.k, case.v
+        return kernel_speed.Row("decode", 1, 4096, 1, 9, 3, 64, k, v, tq_us=10 * k + v,
                                 sdpa_us=50.0, speedup=0.0, packed_mb=0.0, tq_read_tbps=0.0,
                                 fused_us=10 * k + v + 1)
 
@@ -41,13 +42,15 @@ def test_engine_step_adds_each_layer_at_its_own_widths(monkeypatch):
                 call()
             return float(len(launched) - before)
 
-    monkeypatch.setattr(kernel_speed, "decode_row", fake_row)
-    monkeypatch.setattr(kernel_speed, "decode_case", lambda b, c, hq, hkv, d, k, v, q_len, rp: FakeCase(k, v))
+    monkeypatch.setattr(kernel_speed, "case_row", fake_row)
+    made = []  # every case prepared (each fills a cache): one per layer, none more for the rows
+    monkeypatch.setattr(kernel_speed, "decode_case",
+                        lambda b, c, hq, hkv, d, k, v, q_len, rp: made.append((k, v)) or FakeCase(k, v))
     monkeypatch.setattr(kernel_speed, "sdpa_decode_call", lambda *shape: lambda: launched.append(("sdpa",)))
     widths = [(3.0, 2.0), (5.0, 4.0), (3.0, 2.0), (2.0, 2.0)]
     rows, step = kernel_speed.engine_step(FakeTimer(), 1, 4096, 9, 3, 64, widths, 16)
     assert sorted((n, r.k_bits, r.v_bits) for n, r in rows) == [(1, 2.0, 2.0), (1, 5.0, 4.0), (2, 3.0, 2.0)]
-    assert step.layers == 4
+    assert step.layers == 4 and made == widths
     assert step.tq_us == 2 * 32 + 54 + 22
     assert step.fused_us == step.tq_us + 4
     assert step.sdpa_us == 4 * 50.0 and step.speedup == 200.0 / 140.0

@@ -146,6 +146,9 @@ class DecodeCase:
     q: torch.Tensor
     lens: torch.Tensor
     kv_new: torch.Tensor  # [2, batch * q_len, kv_heads, head_dim]: k_new, v_new
+    k_bits: float
+    v_bits: float
+    rotary_pairs: int
 
     def call(self, fn_name: str = "tq_decode_attention"):
         return raw_attention_call(self.kc, fn_name, self.q, self.lens, self.context, self.kv_new)[0]
@@ -158,13 +161,21 @@ def decode_case(batch: int, context: int, q_heads: int, kv_heads: int, head_dim:
     q = torch.randn(batch, q_len, q_heads, head_dim, device="cuda", dtype=torch.float16)
     lens = torch.full((batch,), context, device="cuda", dtype=torch.int32)
     kv_new = torch.randn(2, batch * q_len, kv_heads, head_dim, device="cuda", dtype=torch.float16)
-    return DecodeCase(kc, context, q, lens, kv_new)
+    return DecodeCase(kc, context, q, lens, kv_new, k_bits, v_bits, rotary_pairs)
 
 
 def decode_row(timer: Timer, batch: int, context: int, q_heads: int, kv_heads: int, head_dim: int,
                k_bits: float, v_bits: float, q_len: int = 1, rotary_pairs: int = 0) -> Row:
-    case = decode_case(batch, context, q_heads, kv_heads, head_dim, k_bits, v_bits, q_len, rotary_pairs)
-    kc, kv_new = case.kc, case.kv_new
+    return case_row(timer, decode_case(batch, context, q_heads, kv_heads, head_dim, k_bits, v_bits,
+                                       q_len, rotary_pairs))
+
+
+def case_row(timer: Timer, case: DecodeCase) -> Row:
+    """The decode row of a prepared case: its calls, a separate append of its new rows and SDPA at
+    its shape, each timed alone."""
+    kc, kv_new, context, k_bits, v_bits = case.kc, case.kv_new, case.context, case.k_bits, case.v_bits
+    batch, q_len, q_heads, head_dim = case.q.shape
+    kv_heads = kc.cache.num_kv_heads
     tq_us = timer.median_us(case.call())
     seq = torch.arange(batch, device="cuda", dtype=torch.int32).repeat_interleave(q_len)
     pos = (context - q_len + torch.arange(q_len, device="cuda", dtype=torch.int32)).repeat(batch)
@@ -174,7 +185,7 @@ def decode_row(timer: Timer, batch: int, context: int, q_heads: int, kv_heads: i
     nbytes = packed_bytes_of(batch, context, kv_heads, head_dim, k_bits, v_bits)
     return Row("decode", batch, context, q_len, q_heads, kv_heads, head_dim, k_bits, v_bits,
                tq_us, sdpa_us, sdpa_us / tq_us, nbytes / 1e6, nbytes / tq_us / 1e6, append_us,
-               100.0 * append_us / tq_us, fused_us, 100.0 * (fused_us - tq_us) / tq_us, rotary_pairs)
+               100.0 * append_us / tq_us, fused_us, 100.0 * (fused_us - tq_us) / tq_us, case.rotary_pairs)
 
 
 @dataclass
@@ -203,16 +214,19 @@ class StepRow:
 def engine_step(timer: Timer, batch: int, context: int, q_heads: int, kv_heads: int, head_dim: int,
                 layer_widths: list[tuple[float, float]],
                 rotary_pairs: int = 0) -> tuple[list[tuple[int, Row]], StepRow]:
-    """Times one decode row per distinct (key, value) width pair of the layers, each with the count
-    of layers that have it, and adds them up as the layers run, one after another (each finds its
-    cache cold); then times the whole step's calls back to back, as one CUDA graph."""
-    rows = [(n, decode_row(timer, batch, context, q_heads, kv_heads, head_dim, k, v, 1, rotary_pairs))
-            for (k, v), n in Counter(layer_widths).items()]
+    """Times one decode row per distinct (key, value) width pair of the layers (on the first such
+    layer's case), each with the count of layers that have it, and adds them up as the layers run,
+    one after another (each finds its cache cold); then times the whole step's calls back to back,
+    as one CUDA graph."""
+    cases = [decode_case(batch, context, q_heads, kv_heads, head_dim, k, v, 1, rotary_pairs)
+             for k, v in layer_widths]
+    first = {}  # width pair -> its first layer's case
+    for widths, case in zip(layer_widths, cases):
+        first.setdefault(widths, case)
+    rows = [(n, case_row(timer, first[widths])) for widths, n in Counter(layer_widths).items()]
 
     def total(attr: str) -> float:
         return sum(n * getattr(r, attr) for n, r in rows)
-    cases = [decode_case(batch, context, q_heads, kv_heads, head_dim, k, v, 1, rotary_pairs)
-             for k, v in layer_widths]
     tq_graph = timer.graph_us([c.call() for c in cases])
     fused_graph = timer.graph_us([c.call("tq_decode_attention_append") for c in cases])
     sdpa_graph = timer.graph_us([sdpa_decode_call(batch, context, q_heads, kv_heads, head_dim, 1)
