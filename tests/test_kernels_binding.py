@@ -74,12 +74,14 @@ def test_the_workspace_of_the_largest_call_serves_every_smaller_one():
 
 # (batch, context, q heads, KV heads, head_dim, q_len) -> splits per sequence: the split plans
 # that the session-10 sweep on the H200 measured fastest, or within 1.3% of the fastest
-# (docs/BENCHMARKS.md, "Session 10"), on 132 SMs.
+# (docs/BENCHMARKS.md, "Session 10"), on 132 SMs; from 1 x 16,384 tokens at q_len 1 the plans of
+# 8-warp CTAs, which session 20 measured 1.5-5% faster than those (1 x 32,768: 16 splits
+# instead of 32; 1 x 131,072: 32 instead of 49; 8, 16 and 32 x 32,768: 4, 2, 1 instead of 8, 4, 2).
 MEASURED_SPLITS = {
     (1, 1024, 32, 8, 128, 1): 8, (1, 2048, 32, 8, 128, 1): 16, (1, 4096, 32, 8, 128, 1): 16,
-    (1, 8192, 32, 8, 128, 1): 16, (1, 16384, 32, 8, 128, 1): 16, (1, 32768, 32, 8, 128, 1): 32,
-    (1, 65536, 32, 8, 128, 1): 32, (1, 131072, 32, 8, 128, 1): 49, (4, 32768, 32, 8, 128, 1): 8,
-    (8, 32768, 32, 8, 128, 1): 8, (16, 32768, 32, 8, 128, 1): 4, (32, 32768, 32, 8, 128, 1): 2,
+    (1, 8192, 32, 8, 128, 1): 16, (1, 16384, 32, 8, 128, 1): 16, (1, 32768, 32, 8, 128, 1): 16,
+    (1, 65536, 32, 8, 128, 1): 32, (1, 131072, 32, 8, 128, 1): 32, (4, 32768, 32, 8, 128, 1): 8,
+    (8, 32768, 32, 8, 128, 1): 4, (16, 32768, 32, 8, 128, 1): 2, (32, 32768, 32, 8, 128, 1): 1,
     (1, 4096, 9, 3, 64, 1): 32, (1, 131072, 9, 3, 64, 1): 86, (32, 32768, 9, 3, 64, 1): 4,
     (1, 16384, 32, 8, 128, 4): 16, (8, 32768, 32, 8, 128, 4): 6,
 }
@@ -109,6 +111,19 @@ def planned_splits(batch, context, hq, hkv, d, q_len):
 @pytest.mark.parametrize("shape", sorted(MEASURED_SPLITS))
 def test_the_split_plan_is_the_measured_fastest(shape):
     assert planned_splits(*shape) == MEASURED_SPLITS[shape]
+
+
+# The GPU tests of 8-warp CTAs (tests/gpu/test_attention.py: WIDE_CASES, the fused append beside
+# them) -> the splits of their 8-warp plans (256-token steps); 4-warp CTAs would make 32, 32, 43
+# and 8, so the count shows which plan a shape takes.
+WIDE_TEST_SPLITS = {(1, 40000, 32, 8, 128, 1): 16, (1, 40000, 32, 8, 128, 2): 16,
+                    (1, 70000, 9, 3, 64, 1): 40, (8, 32768, 32, 8, 128, 1): 4}
+
+
+@needs_library
+@pytest.mark.parametrize("shape", sorted(WIDE_TEST_SPLITS))
+def test_the_gpu_tests_long_cases_run_on_eight_warp_ctas(shape):
+    assert planned_splits(*shape) == WIDE_TEST_SPLITS[shape]
 
 
 @needs_library

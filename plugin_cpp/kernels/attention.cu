@@ -11,7 +11,7 @@
 // softmax step in base 2 per 32 tokens: tokens and value dims are the mma's M (16), query rows its
 // N (8 per row tile), so a decode step of up to 8 rows (GQA group x q_len) wastes no tensor-core
 // rows, and the decoded codes, as A fragments, serve every row tile. Norms multiply the scores
-// (keys) and the probabilities (values), so centroids are decoded unscaled. The 4 warps' states
+// (keys) and the probabilities (values), so centroids are decoded unscaled. The warps' states
 // are combined and written as one partial state per split.
 // The fused append (tq_decode_attention_append) encodes the call's new keys and values in the split
 // pass: a one-token step's in CTAs of its own beside the splits where they fit (AttnArgs::
@@ -33,12 +33,15 @@
 namespace tq {
 namespace {
 
-constexpr int kWarps = 4;
+// Warps per split-pass CTA: kWarps, or kWideWarps for long splits of at most 8 query rows, where
+// sharing one prologue (query rotation, tables) among more tiles pays (plan_splits).
+constexpr int kWarps = 4, kWideWarps = 8;
 constexpr int kStages = 3;   // cp.async stages per warp: kChunk-token tiles in flight while one is computed
 // Query-row n tiles (8 rows each) of the split kernel: 1 when every row of the call fits in 8,
 // else 2. Twice the query fragments and accumulators leave room for fewer CTAs per SM.
 constexpr int row_ntiles(int rows) { return rows <= 8 ? 1 : 2; }
-constexpr int ctas_per_sm(int nr) { return nr == 1 ? 4 : 3; }
+// CTAs of w warps per SM: 16 warps at 128 registers per thread (nr 1), 12 at 170 (nr 2).
+constexpr int ctas_per_sm(int nr, int w) { return (nr == 1 ? 16 : 12) / w; }
 constexpr int kMergeWarps = 4;  // warps per query row in the merge pass
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -57,8 +60,8 @@ struct SmemPlan {
   int q_half, tables, stages, stage_bytes, combine, total;
 };
 
-// rotary: the key codec has a rotary mean (its tables share the query rows' region).
-template <int D>
+// rotary: the key codec has a rotary mean (its tables share the query rows' region). W: warps.
+template <int D, int W>
 __host__ __device__ inline SmemPlan smem_plan(const PageShape& kt, const PageShape& vt, bool rotary) {
   SmemPlan p{};
   p.q_half = 0;                                      // __half[16][D + 8], then the rotary tables
@@ -66,9 +69,9 @@ __host__ __device__ inline SmemPlan smem_plan(const PageShape& kt, const PageSha
   p.tables = (rotary && kRotBytes > q_bytes ? kRotBytes : q_bytes + 15) / 16 * 16;  // ByteTables[2][4] (fill_byte_tables)
   p.stages = p.tables + kByteTablesBytes;  // per warp: kStages x (K, V chunk)
   p.stage_bytes = kt.page_bytes + vt.page_bytes;
-  const int loop_bytes = p.stages + kWarps * kStages * p.stage_bytes;
-  p.combine = 0;                                     // float O[4][16][D], float2 ml[4][16]
-  const int combine_bytes = kWarps * kRows * D * 4 + kWarps * kRows * 8;
+  const int loop_bytes = p.stages + W * kStages * p.stage_bytes;
+  p.combine = 0;                                     // float O[W][16][D], float2 ml[W][16]
+  const int combine_bytes = W * kRows * D * 4 + W * kRows * 8;
   p.total = loop_bytes > combine_bytes ? loop_bytes : combine_bytes;
   return p;
 }
@@ -84,10 +87,10 @@ __device__ inline PageShape tile_shape(const PageShape& runtime) {
 
 // The fused append's work in one CTA: the call's new keys and values (AttnArgs::new_kv) of
 // sequence b, KV head kvh whose positions lie in [first, last), L the sequence's length; one warp
-// per vector.
-template <int D, typename T>
+// per vector, of the CTA's W.
+template <int D, int W, typename T>
 __device__ inline void encode_new_rows(const AttnArgs& a, int b, int kvh, int L, int first, int last) {
-  for (int item = threadIdx.x / 32; item < 2 * a.q_len; item += kWarps) {
+  for (int item = threadIdx.x / 32; item < 2 * a.q_len; item += W) {
     const int j = item / 2, kind = item % 2, pos = L - a.q_len + j;
     if (pos < 0 || pos < first || pos >= last) continue;
     uint8_t* page = page_of(a.cache, b, kind, pos / a.cache.tokens, kvh);
@@ -98,9 +101,9 @@ __device__ inline void encode_new_rows(const AttnArgs& a, int b, int kvh, int L,
 }
 
 // KG, VG: groups of the key and value codecs; KB, VB: their group-0 bits, or 0 for any width of at
-// most MAXB bits. NR: query-row n tiles (8 rows each) of the transposed products.
-template <int D, int KG, int VG, int KB, int VB, int MAXB, int NR, typename T>
-__global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_kernel(AttnArgs a) {
+// most MAXB bits. NR: query-row n tiles (8 rows each) of the transposed products; W: warps.
+template <int D, int KG, int VG, int KB, int VB, int MAXB, int NR, int W, typename T>
+__global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_kernel(AttnArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int g4 = lane >> 2, tig = lane & 3;
@@ -126,7 +129,7 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
   const PageShape kt = tile_shape<D, KG, KB>(a.chunk[0]);
   const PageShape vt = tile_shape<D, VG, VB>(a.chunk[1]);
   const CodecLayout& kc = a.cache.codec[0];
-  const SmemPlan plan = smem_plan<D>(kt, vt, kc.rotary_pairs > 0);
+  const SmemPlan plan = smem_plan<D, W>(kt, vt, kc.rotary_pairs > 0);
   __half* q_s = reinterpret_cast<__half*>(smem + plan.q_half);
   ByteTables* tables = reinterpret_cast<ByteTables*>(smem + plan.tables);  // code_tables(kv * 2 + group)
 
@@ -140,14 +143,14 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
   // rows: the splits that hold them encode them before any warp copies a tile (the barrier below
   // orders the writes first); every row tile's CTA of the split writes the same bytes. ---
   if (a.append && (append_cta || a.append_cta0 == kNoAppendCtas))
-    encode_new_rows<D, T>(a, b, kvh, L, append_cta ? L - 1 : split_begin,
+    encode_new_rows<D, W, T>(a, b, kvh, L, append_cta ? L - 1 : split_begin,
                           append_cta ? L : split_begin + a.split_tokens);
   if (append_cta) return;
   // --- The rotated query rows, fp16 into shared memory; the codebook tables; the rotary mean's
   // state. Every global read of the prologue is issued before the first use of any: the codec's
   // per-lane and per-pair arrays, then every query value, so that the prologue waits on two
   // dependent reads, not on a chain of them per row (at short contexts it sets the call's time). ---
-  constexpr int E = D / 32, kWarpRows = 8 * NR / kWarps;  // query rows per warp: warp + kWarps k
+  constexpr int E = D / 32, kWarpRows = 8 * NR / W;  // query rows per warp: warp + W k
   const LaneRotation<D> lr = lane_rotation<D>(kc, kvh);
   // The rotary mean's logit term (attention_common.cuh): over the tokens j of a tile that starts at
   // position p0, sum_i Re(w_i e^{i j f_i}) with w_i = z_i e^{i p0 f_i}: A = the cos | sin table of
@@ -169,7 +172,7 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
   constexpr int kBatch = kWarpRows < 2 ? kWarpRows : 2;
   float x[kBatch][E];
 #pragma unroll
-  for (int k = 0; k < kBatch; ++k) load_query_row<D, T>(a, b, kvh, row0 + warp + kWarps * k, lr, x[k]);
+  for (int k = 0; k < kBatch; ++k) load_query_row<D, T>(a, b, kvh, row0 + warp + W * k, lr, x[k]);
   float2 rot_w[NR][2][2] = {};
   if (rot_steps)
 #pragma unroll
@@ -184,10 +187,10 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
   for (int k = 0; k < kWarpRows; ++k) {
     if (k >= kBatch && k % kBatch == 0)
 #pragma unroll
-      for (int l = 0; l < kBatch; ++l) load_query_row<D, T>(a, b, kvh, row0 + warp + kWarps * (k + l), lr, x[l]);
+      for (int l = 0; l < kBatch; ++l) load_query_row<D, T>(a, b, kvh, row0 + warp + W * (k + l), lr, x[l]);
     rotate_query_row<D>(a, lr, x[k % kBatch]);
 #pragma unroll
-    for (int e = 0; e < E; ++e) q_s[(warp + kWarps * k) * (D + 8) + lane * E + e] = __float2half_rn(x[k % kBatch][e]);
+    for (int e = 0; e < E; ++e) q_s[(warp + W * k) * (D + 8) + lane * E + e] = __float2half_rn(x[k % kBatch][e]);
   }
   fill_byte_tables(tables, a.cache);
   if (rot_steps)
@@ -229,10 +232,10 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
     __syncthreads();  // every warp holds its query fragments
     const int i = threadIdx.x % TQ_MAX_ROTARY_PAIRS;  // this thread's pair, the same in every row
     const float f = table_pair.freq;
-    constexpr int kRowStep = 32 * kWarps / TQ_MAX_ROTARY_PAIRS;
+    constexpr int kRowStep = 32 * W / TQ_MAX_ROTARY_PAIRS;
     for (int j = threadIdx.x / TQ_MAX_ROTARY_PAIRS; j < kChunk; j += kRowStep)
       store_turn_hi_lo(rot_e, rot_e + kChunk * kRotLd, i, small_turn(j, f), [j](int c) { return j * kRotLd + c; });
-    if (threadIdx.x < TQ_MAX_ROTARY_PAIRS) rot_turn[i] = rotary_turn(kWarps * kChunk, f);
+    if (threadIdx.x < TQ_MAX_ROTARY_PAIRS) rot_turn[i] = rotary_turn(W * kChunk, f);
     __syncthreads();
   }
 
@@ -266,7 +269,7 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
   uint32_t staged = 0;  // bits 2 (i % kStages) + h: half h of tile i was staged (its pages exist)
   auto stage = [&](int i) {  // issues the copies of this warp's i-th tile (uniform over the warp)
     if (i % 32 == 0) {
-      const int pos = split_begin + (warp + (i + lane) * kWarps) * kChunk;
+      const int pos = split_begin + (warp + (i + lane) * W) * kChunk;
       const int block = pos / page_tokens;
       const bool in_split = pos < split_end;
       window_k = in_split ? chunk_of(a.cache, b, 0, block) : -1;
@@ -279,7 +282,7 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
     const int ck = __shfl_sync(0xffffffffu, window_k, i % 32);
     const int cv = __shfl_sync(0xffffffffu, window_v, i % 32);
     const int slot0 = __shfl_sync(0xffffffffu, window_slot, i % 32);
-    const bool live = warp + i * kWarps < chunks;
+    const bool live = warp + i * W < chunks;
     const bool ok = live && ck >= 0 && cv >= 0;
     uint8_t* st = stage0 + (i % kStages) * plan.stage_bytes;
     // K and V rows [row0, row0 + rows) of the tile from page slot `slot` of chunks kc, vc
@@ -307,12 +310,12 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
     stage(i);
     cp_async_commit();
   }
-  for (int it = 0; warp + it * kWarps < chunks; ++it) {
+  for (int it = 0; warp + it * W < chunks; ++it) {
     stage(it + kStages - 1);
     cp_async_commit();
     cp_async_wait<kStages - 1>();
     __syncwarp();
-    const int pos0 = split_begin + (warp + it * kWarps) * kChunk;
+    const int pos0 = split_begin + (warp + it * W) * kChunk;
     const uint32_t halves = (staged >> (2 * (it % kStages))) & 3u;
     int valid[2];  // tokens of each half to use: staged and inside the split
 #pragma unroll
@@ -482,7 +485,7 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
   cp_async_wait<0>();
   if (!merge_at_start) asm volatile("griddepcontrol.launch_dependents;");
 
-  // --- Epilogue: combine the 4 warps' states, write this split's partial state. ---
+  // --- Epilogue: combine the warps' states, write this split's partial state. ---
 #pragma unroll
   for (int nr = 0; nr < NR; ++nr)
 #pragma unroll
@@ -493,7 +496,7 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
     }
   __syncthreads();  // the loop's shared memory becomes the combine buffer
   float* o_s = reinterpret_cast<float*>(smem + plan.combine);   // [warp][row][D] rotated dims
-  float2* ml_s = reinterpret_cast<float2*>(o_s + kWarps * kRows * D);
+  float2* ml_s = reinterpret_cast<float2*>(o_s + W * kRows * D);
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     const int g = mt / (VCNT / 2), i = mt % (VCNT / 2);
@@ -513,15 +516,15 @@ __global__ void __launch_bounds__(32 * kWarps, ctas_per_sm(NR)) attention_split_
         ml_s[warp * kRows + 8 * nr + 2 * tig + j] = make_float2(m_run[nr][j], l_run[nr][j]);
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < 8 * NR * D; i += 32 * kWarps) {
+  for (int i = threadIdx.x; i < 8 * NR * D; i += 32 * W) {
     const int row = i / D, dim = i % D;
     if (row0 + row >= a.rows) continue;
     float m_all = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) m_all = fmaxf(m_all, ml_s[w * kRows + row].x);
+    for (int w = 0; w < W; ++w) m_all = fmaxf(m_all, ml_s[w * kRows + row].x);
     float acc = 0.0f, l_all = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
+    for (int w = 0; w < W; ++w) {
       const float2 ml = ml_s[w * kRows + row];
       const float wgt = ml.x == -INFINITY ? 0.0f : exp2f(ml.x - m_all);
       acc += wgt * o_s[(w * kRows + row) * D + dim];
@@ -680,6 +683,7 @@ struct SplitPlan {
   int cta_tiles;  // CTA row tiles per (sequence, KV head): kPrefillRows or kRows rows each
   int row_tiles;  // 16-row tiles of the workspace per (sequence, KV head)
   int num_splits, split_tokens;
+  int warps;      // per split-pass CTA: kWarps or kWideWarps
 };
 
 int sm_count() {
@@ -690,6 +694,17 @@ int sm_count() {
     if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) sms = 132;
   }
   return sms;
+}
+
+int smem_per_sm() {
+  static int bytes = 0;
+  if (!bytes) {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess)
+      bytes = 228 * 1024;  // an H200's
+  }
+  return bytes;
 }
 
 // The largest q_len the split pass serves at a GQA group: more than kPrefillMinRows query rows per
@@ -707,8 +722,8 @@ SplitPlan pass_of(int q_len, int group) {
   return p;
 }
 
-// A split is a whole number of steps of both passes: 4 warps x 32 tokens (the split pass: one tile
-// per warp), 128 tokens (the prefill pass).
+// A split is a whole number of steps of both passes: kWarps x 32 tokens (the split pass: one tile
+// per warp; twice that with kWideWarps), 128 tokens (the prefill pass).
 constexpr int kSplitStep = kWarps * kChunk;
 static_assert(kSplitStep % kTile == 0);
 // Split CTAs never exceed kMaxWaves waves of the pass (or one per sequence, KV head and CTA row
@@ -720,16 +735,29 @@ int64_t max_split_ctas(int64_t ctas, int resident) {
 
 // The split pass's cost model (docs/BENCHMARKS.md, session 10), in units of one warp's 32-token
 // tile, fitted to H200 timings of 3-bit d 128 decode (1 x 1,024 to 32 x 32,768 tokens, q_len 1
-// and 4, splits of 128 to 8,192 tokens): with t tiles per warp, the busiest SM's w CTAs cost
-// w (kPrologueTiles + 4 t (1 + kFewCtas / r)), r of them resident at once (each CTA's prologue,
-// the query rotation and the tables, costs as much as 9 tiles; fewer resident warps hide less
-// latency), and no less than one CTA's latency alone, kLonePrologue + kLoneTile t.
+// and 4, splits of 128 to 8,192 tokens, CTAs of 4 warps): with t tiles per warp, the busiest SM's
+// w CTAs of W warps cost w (kPrologueTiles + W t (1 + kFewCtas / r)), r of them resident at once
+// (each CTA's prologue, the query rotation and the tables, costs as much as 9 tiles; fewer
+// resident warps hide less latency), and no less than one CTA's latency alone, kLonePrologue +
+// kLoneTile t.
 constexpr double kPrologueTiles = 9.0, kFewCtas = 0.2, kLonePrologue = 4.5, kLoneTile = 5.5;
+// Where the 4-warp plan's splits are at least kWideMinTiles tiles per warp long, the call runs on
+// kWideWarps CTAs instead if they fit one wave and the model rates them at most kWideMaxCost
+// times the 4-warp plan: on the H200 they were 1.5-5% faster from 1 x 16,384 to 32 x 32,768
+// tokens (the model, fitted to 4-warp CTAs, rated them up to 4% dearer there), even at 1 x 8,192
+// (4 tiles), 2-4% slower at 1 x 4,096 (2 tiles), and 8% slower over 1.45 waves (SmolLM2 16 x
+// 8,192; docs/BENCHMARKS.md, session 20).
+constexpr int kWideMinTiles = 8;
+constexpr double kWideMaxCost = 1.05;
 
 // Split pass: steps per split of least modelled time (the most splits among equals). The cost
 // grows with the steps per split at a given count w of CTAs on the busiest SM, so the candidates
 // are the most splits that keep each w: a handful of plans, not one per split count.
-int split_pass_steps(int64_t ctas, int steps, int resident, int64_t cap) {
+struct SplitSteps {
+  int per;      // steps per split
+  double cost;  // modelled
+};
+SplitSteps split_pass_steps(int64_t ctas, int steps, int resident, int64_t cap, int warps) {
   const int sms = sm_count();
   int best = steps;
   double best_cost = INFINITY;
@@ -741,10 +769,10 @@ int split_pass_steps(int64_t ctas, int steps, int resident, int64_t cap) {
     const int64_t on_sm = (n + sms - 1) / sms;  // CTAs on the busiest SM: w or fewer
     const double tile = 1.0 + kFewCtas / double(std::min<int64_t>(on_sm, resident));
     const double cost =
-        std::max(double(on_sm) * (kPrologueTiles + kWarps * per * tile), kLonePrologue + kLoneTile * per);
+        std::max(double(on_sm) * (kPrologueTiles + warps * per * tile), kLonePrologue + kLoneTile * per);
     if (cost < best_cost) best = per, best_cost = cost;
   }
-  return best;
+  return {best, best_cost};
 }
 
 // Prefill pass: as many splits as fill whole waves of its CTAs (a long history at batch 1 fills the
@@ -765,16 +793,38 @@ int prefill_pass_steps(int64_t ctas, int len, int64_t cap) {
   return ((len + best - 1) / best + kSplitStep - 1) / kSplitStep;
 }
 
-SplitPlan plan_splits(int batch, int q_len, int group, int num_kv_heads, int max_kv_len) {
+// wide_fits: kWideWarps CTAs of the call's codecs fit ctas_per_sm(1, kWideWarps) per SM.
+SplitPlan plan_splits(int batch, int q_len, int group, int num_kv_heads, int max_kv_len, bool wide_fits) {
   SplitPlan p = pass_of(q_len, group);
   const int64_t ctas = int64_t(batch) * num_kv_heads * p.cta_tiles;
-  const int len = std::max(1, max_kv_len), steps = (len + kSplitStep - 1) / kSplitStep;
-  const int resident = p.prefill ? kPrefillCtasPerSm : ctas_per_sm(row_ntiles(q_len * group));
-  const int64_t cap = max_split_ctas(ctas, resident);
-  const int per = p.prefill ? prefill_pass_steps(ctas, len, cap) : split_pass_steps(ctas, steps, resident, cap);
-  p.split_tokens = per * kSplitStep;
-  p.num_splits = (steps + per - 1) / per;
-  return p;
+  const int len = std::max(1, max_kv_len), nr = row_ntiles(q_len * group);
+  // The plan of CTAs of w warps (steps of w x kChunk tokens); its modelled cost.
+  auto plan = [&](SplitPlan& q, int w) {
+    q.warps = w;
+    const int steps = (len + w * kChunk - 1) / (w * kChunk);
+    const int resident = q.prefill ? kPrefillCtasPerSm : ctas_per_sm(nr, w);
+    const int64_t cap = max_split_ctas(ctas, resident);
+    const SplitSteps s = q.prefill ? SplitSteps{prefill_pass_steps(ctas, len, cap), 0.0}
+                                   : split_pass_steps(ctas, steps, resident, cap, w);
+    q.split_tokens = s.per * w * kChunk;
+    q.num_splits = (steps + s.per - 1) / s.per;
+    return s;
+  };
+  const SplitSteps narrow = plan(p, kWarps);
+  if (p.prefill || nr != 1 || !wide_fits || narrow.per < kWideMinTiles) return p;
+  SplitPlan wide = p;
+  const SplitSteps w = plan(wide, kWideWarps);
+  const bool one_wave = ctas * wide.num_splits <= int64_t(sm_count()) * ctas_per_sm(1, kWideWarps);
+  return one_wave && w.cost <= kWideMaxCost * narrow.cost ? wide : p;
+}
+
+// Whether CTAs of kWideWarps fit ctas_per_sm(1, kWideWarps) per SM (wide codes need more stages'
+// bytes), with the 1 KB that the runtime keeps per CTA.
+bool wide_ctas_fit(const AttnArgs& a) {
+  const bool rotary = a.cache.codec[0].rotary_pairs > 0;
+  const int bytes = a.cache.codec[0].head_dim == 64 ? smem_plan<64, kWideWarps>(a.chunk[0], a.chunk[1], rotary).total
+                                                   : smem_plan<128, kWideWarps>(a.chunk[0], a.chunk[1], rotary).total;
+  return ctas_per_sm(1, kWideWarps) * (bytes + 1024) <= smem_per_sm();
 }
 
 size_t workspace_bytes(size_t slots, int head_dim) {
@@ -789,11 +839,12 @@ size_t plan_slots(const SplitPlan& p, int batch, int num_kv_heads) {
 // Slots enough for every call whose batch, q_len and max_kv_len are at most these (the TensorRT
 // plugin sizes its workspace once, for its profile's maxima), from the bounds on split CTAs: a
 // pass's CTAs n <= max_split_ctas, each split at least one step; a split-pass CTA keeps kRows
-// rows per split, a prefill CTA at most kPrefillRows.
+// rows per split, a prefill CTA at most kPrefillRows. (kWideWarps CTAs: fewer resident per SM and
+// longer steps, so fewer CTAs and splits than these bounds.)
 size_t slots_bound(int batch, int q_len, int group, int num_kv_heads, int max_kv_len) {
   const int steps = (std::max(1, max_kv_len) + kSplitStep - 1) / kSplitStep;
   const SplitPlan sp = pass_of(std::min(q_len, split_pass_max_q_len(group)), group);  // its largest
-  int64_t bound = int64_t(kRows) * max_split_ctas(int64_t(batch) * num_kv_heads * sp.cta_tiles, ctas_per_sm(1));
+  int64_t bound = int64_t(kRows) * max_split_ctas(int64_t(batch) * num_kv_heads * sp.cta_tiles, ctas_per_sm(1, kWarps));
   const SplitPlan pp = pass_of(q_len, group);
   if (pp.prefill)
     bound = std::max(bound, int64_t(kPrefillRows) *
@@ -802,10 +853,10 @@ size_t slots_bound(int batch, int q_len, int group, int num_kv_heads, int max_kv
 }
 
 // The generic split kernel for these codecs' groups, decoding codes of up to MAXB bits.
-template <int D, int MAXB, int NR, typename T>
+template <int D, int MAXB, int NR, int W, typename T>
 void (*generic_split_kernel(int kg, int vg))(AttnArgs) {
-  if (kg == 1) return vg == 1 ? attention_split_kernel<D, 1, 1, 0, 0, MAXB, NR, T> : attention_split_kernel<D, 1, 2, 0, 0, MAXB, NR, T>;
-  return vg == 1 ? attention_split_kernel<D, 2, 1, 0, 0, MAXB, NR, T> : attention_split_kernel<D, 2, 2, 0, 0, MAXB, NR, T>;
+  if (kg == 1) return vg == 1 ? attention_split_kernel<D, 1, 1, 0, 0, MAXB, NR, W, T> : attention_split_kernel<D, 1, 2, 0, 0, MAXB, NR, W, T>;
+  return vg == 1 ? attention_split_kernel<D, 2, 1, 0, 0, MAXB, NR, W, T> : attention_split_kernel<D, 2, 2, 0, 0, MAXB, NR, W, T>;
 }
 
 // The widths with kernels of their own, narrowest first: those the allocator gives
@@ -825,47 +876,51 @@ __host__ inline bool has_width(const PageShape& s, Width w) {
 // The specialized split kernel of these codecs' widths, among the pairs whose value width is no
 // wider than the key width (what calibrated engines have), from pair (KI, VI) of kSpecialWidths
 // on; nullptr for any other pair.
-template <int D, int NR, typename T, int KI = 0, int VI = 0>
+template <int D, int NR, int W, typename T, int KI = 0, int VI = 0>
 void (*special_split_kernel(const CacheView& c))(AttnArgs) {
   if constexpr (KI == kNumSpecialWidths) {
     return nullptr;
   } else if constexpr (VI > KI) {
-    return special_split_kernel<D, NR, T, KI + 1, 0>(c);
+    return special_split_kernel<D, NR, W, T, KI + 1, 0>(c);
   } else {
     constexpr Width k = kSpecialWidths[KI], v = kSpecialWidths[VI];
     if (has_width(c.codec[0], k) && has_width(c.codec[1], v))
-      return attention_split_kernel<D, k.groups, v.groups, k.bits, v.bits, std::max(k.bits, v.bits), NR, T>;
-    return special_split_kernel<D, NR, T, KI, VI + 1>(c);
+      return attention_split_kernel<D, k.groups, v.groups, k.bits, v.bits, std::max(k.bits, v.bits), NR, W, T>;
+    return special_split_kernel<D, NR, W, T, KI, VI + 1>(c);
   }
 }
 
 // The split kernel for these codecs: specialized for their widths where it exists, else generic.
-template <int D, int NR, typename T>
+template <int D, int NR, int W, typename T>
 void (*split_kernel_for(const CacheView& c))(AttnArgs) {
-  if (auto kernel = special_split_kernel<D, NR, T>(c)) return kernel;
+  if (auto kernel = special_split_kernel<D, NR, W, T>(c)) return kernel;
   const int kg = c.codec[0].num_groups, vg = c.codec[1].num_groups;
-  return has_5bit_codes(c) ? generic_split_kernel<D, 5, NR, T>(kg, vg) : generic_split_kernel<D, 4, NR, T>(kg, vg);
+  return has_5bit_codes(c) ? generic_split_kernel<D, 5, NR, W, T>(kg, vg) : generic_split_kernel<D, 4, NR, W, T>(kg, vg);
 }
 
 // With append CTAs the split pass's grid is one-dimensional (attention_split_kernel): the split
-// CTAs in the same order, then the append CTAs, dispatched last.
+// CTAs in the same order, then the append CTAs, dispatched last. CTAs of kWideWarps serve one
+// row tile (plan_splits).
 template <int D, typename T>
-tq_status launch_split_pass(const AttnArgs& a, dim3 grid, cudaStream_t stream) {
+tq_status launch_split_pass(const AttnArgs& a, int warps, dim3 grid, cudaStream_t stream) {
   if (a.append_cta0 != kNoAppendCtas) grid = dim3(unsigned(a.append_cta0 + int64_t(grid.z) * grid.y));  // z = b here
-  const SmemPlan plan = smem_plan<D>(a.chunk[0], a.chunk[1], a.cache.codec[0].rotary_pairs > 0);
-  auto kernel = row_ntiles(a.rows) == 1 ? split_kernel_for<D, 1, T>(a.cache)
-                                         : split_kernel_for<D, 2, T>(a.cache);
-  if (plan.total > 48 * 1024 &&
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, plan.total) != cudaSuccess)
-    return fail(TQ_ERR_CUDA, "attention: cannot raise the shared memory limit to %d bytes", plan.total);
-  kernel<<<grid, 32 * kWarps, plan.total, stream>>>(a);
+  const bool rotary = a.cache.codec[0].rotary_pairs > 0;
+  const int smem = warps == kWideWarps ? smem_plan<D, kWideWarps>(a.chunk[0], a.chunk[1], rotary).total
+                                       : smem_plan<D, kWarps>(a.chunk[0], a.chunk[1], rotary).total;
+  auto kernel = warps == kWideWarps      ? split_kernel_for<D, 1, kWideWarps, T>(a.cache)
+                : row_ntiles(a.rows) == 1 ? split_kernel_for<D, 1, kWarps, T>(a.cache)
+                                          : split_kernel_for<D, 2, kWarps, T>(a.cache);
+  if (smem > 48 * 1024 &&
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
+    return fail(TQ_ERR_CUDA, "attention: cannot raise the shared memory limit to %d bytes", smem);
+  kernel<<<grid, 32 * warps, smem, stream>>>(a);
   return check_launch("attention (split pass)");
 }
 
 template <int D, typename T>
 tq_status launch(const AttnArgs& a, const SplitPlan& sp, int batch, cudaStream_t stream) {
   const dim3 grid(a.num_splits, a.cache.num_kv_heads, batch * sp.cta_tiles);
-  TQ_TRY((sp.prefill ? launch_prefill_pass<D, T> : launch_split_pass<D, T>)(a, grid, stream));
+  TQ_TRY((sp.prefill ? launch_prefill_pass<D, T>(a, grid, stream) : launch_split_pass<D, T>(a, sp.warps, grid, stream)));
   // The merge pass as a programmatic dependent launch: its launch overlaps the split pass's tail
   // (it starts with griddepcontrol.wait), which matters where the whole call lasts microseconds.
   const int64_t rows = int64_t(batch) * a.cache.num_kv_heads * a.rows;  // one CTA per query row
@@ -927,7 +982,11 @@ tq_status attention(const char* name, int max_q_len, const tq_paged_cache* cache
   if (!(softmax_scale > 0.0f) || !std::isfinite(softmax_scale))
     return fail(TQ_ERR_INVALID_ARGUMENT, "%s: softmax_scale must be positive and finite", name);
   const int d = a.cache.codec[0].head_dim;
-  const SplitPlan sp = plan_splits(batch, q_len, num_q_heads / heads, heads, max_kv_len);
+  for (int kv = 0; kv < 2; ++kv) {
+    a.tile[kv] = relayout(a.cache.codec[kv], kTile);
+    a.chunk[kv] = relayout(a.cache.codec[kv], kChunk);
+  }
+  const SplitPlan sp = plan_splits(batch, q_len, num_q_heads / heads, heads, max_kv_len, wide_ctas_fit(a));
   if (int64_t(batch) * sp.cta_tiles > 65535)
     return fail(TQ_ERR_BAD_LENGTH, "%s: batch %d x %d tiles of %d query rows exceeds the grid "
                 "limit (65535); split the batch or the chunk", name, batch, sp.cta_tiles,
@@ -938,10 +997,6 @@ tq_status attention(const char* name, int max_q_len, const tq_paged_cache* cache
                 ws_bytes, workspace ? "" : " (NULL)");
   if (reinterpret_cast<uintptr_t>(workspace) % 16)
     return fail(TQ_ERR_MISALIGNED, "%s: the workspace must be 16-byte aligned", name);
-  for (int kv = 0; kv < 2; ++kv) {
-    a.tile[kv] = relayout(a.cache.codec[kv], kTile);
-    a.chunk[kv] = relayout(a.cache.codec[kv], kChunk);
-  }
   a.q = q;
   a.out = out;
   a.lse = lse;
@@ -955,11 +1010,13 @@ tq_status attention(const char* name, int max_q_len, const tq_paged_cache* cache
   a.num_splits = sp.num_splits;
   a.split_tokens = sp.split_tokens;
   // A one-token step's append in CTAs of its own, after the splits' (q_len 1: one row tile per
-  // sequence and KV head), where the splits and they take at most 3 of an SM's 4 CTA slots: at
-  // 1 x 131,072 (3 split CTAs per SM) they made the call 24% slower, while the splits' own
-  // encoding costs 0.2% there (docs/BENCHMARKS.md, session 16).
+  // sequence and KV head), where the splits and they take at most 3 of an SM's 4 CTA slots of 4
+  // warps: at 1 x 131,072 (3 split CTAs per SM) they made the call 24% slower, while the splits'
+  // own encoding costs 0.2% there (docs/BENCHMARKS.md, session 16). Beside kWideWarps splits,
+  // where they all fit one wave: the splits' own encoding added 2-3 us there (session 20).
   const int64_t split_ctas = int64_t(sp.num_splits) * heads * batch * sp.cta_tiles;
-  const int64_t free_slots = int64_t(sm_count()) * (ctas_per_sm(row_ntiles(a.rows)) - 1) - split_ctas;
+  const int resident = ctas_per_sm(row_ntiles(a.rows), sp.warps);
+  const int64_t free_slots = int64_t(sm_count()) * (sp.warps == kWideWarps ? resident : resident - 1) - split_ctas;
   a.append_cta0 = append && q_len == 1 && !sp.prefill && int64_t(batch) * heads <= free_slots
                       ? int(split_ctas) : kNoAppendCtas;
   a.q_scale = softmax_scale * kLog2e;

@@ -239,12 +239,11 @@ def fused_lengths(q_len):
     return [q_len, 31 + q_len, 3 * 32 + 5, 777, 2048 + 3, 9000]
 
 
-@pytest.mark.parametrize("case", FUSED_CASES, ids=case_id)
-def test_fused_append_writes_the_same_bytes_and_attends_the_same(case, gen):
+def check_fused_append(case, lengths, gen):
     """decode_attention(own=(k, v), append=True) leaves the pools byte for byte as quantize_append
-    then decode_attention(own=(k, v)) do, and returns the same output, for new tokens in any split."""
+    then decode_attention(own=(k, v)) do, and returns the same output. Returns the reference cache,
+    its block table, the query, the fused call's output and the own rows."""
     d, hq, hkv, kw, vw, q_len, dtype, tables = case
-    lengths = fused_lengths(q_len)
     cache, table, kc = make_cache(d, kw, vw, hkv, 32, lengths, gen, tables)
     history = [n - q_len for n in lengths]
     seq, pos = positions(history)
@@ -264,6 +263,49 @@ def test_fused_append_writes_the_same_bytes_and_attends_the_same(case, gen):
     for kind, (mine, theirs) in enumerate(zip(other.pools, cache.pools)):
         assert torch.equal(mine, theirs), f"the fused append wrote different {'kv'[kind]} bytes"
     assert torch.equal(got, want), "the fused call's attention differs"
+    return cache, table, q, got, (new[0], new[1])
+
+
+@pytest.mark.parametrize("case", FUSED_CASES, ids=case_id)
+def test_fused_append_writes_the_same_bytes_and_attends_the_same(case, gen):
+    """The fused append as the separate one, for new tokens in any split."""
+    check_fused_append(case, fused_lengths(case[5]), gen)
+
+
+# Splits of at least 8 tiles per warp at up to 8 query rows run on 8-warp CTAs where the model
+# allows (attention.cu, plan_splits; tests/test_kernels_binding.py pins that these lengths take
+# them): Llama-3-8B's shape at 1 x 40,000 tokens for each kind of split kernel, SmolLM2's at
+# 1 x 70,000.
+WIDE_CASES = [
+    ((128, 32, 8, 3, 3, 1, torch.float16, True), 40000),
+    ((128, 32, 8, 4, 4, 2, torch.bfloat16, False), 40000),  # q_len 2: 8 rows
+    ((128, 32, 8, 5, 3, 1, torch.float16, True), 40000),
+    ((128, 32, 8, 3.5, 2, 1, torch.bfloat16, True), 40000),
+    ((128, 32, 8, 2.5, 3.5, 1, torch.float16, True), 40000),  # the generic kernel
+    ((64, 9, 3, 3, 3, 1, torch.float16, True), 70000),
+    ((64, 9, 3, 4.5, 5, 1, torch.bfloat16, True), 70000),  # 5-bit codes: generic
+]
+
+
+@pytest.mark.parametrize("case,n", WIDE_CASES, ids=lambda c: case_id(c) if isinstance(c, tuple) else str(c))
+def test_eight_warp_ctas_match_the_reference(case, n, gen):
+    d, hq, hkv, kw, vw, q_len, dtype, tables = case
+    cache, table, kc = make_cache(d, kw, vw, hkv, 64, [n], gen, tables)
+    fill(kc, [n], hkv, d, gen)
+    q = torch.randn(1, q_len, hq, d, generator=gen).to(dtype).cuda()
+    own = new_rows(1, q_len, hkv, d, dtype, gen)
+    out = decode_attention(kc, q, torch.tensor([n]), n, own=own)
+    check_against_reference(cache, table, q, out, [n], d**-0.5, own)
+
+
+@pytest.mark.parametrize("lengths", [[40000], [32768] * 8], ids=["append-ctas", "in-splits"])
+def test_the_fused_append_beside_eight_warp_ctas(lengths, gen):
+    """A one-token step beside 8-warp splits encodes in CTAs of its own where all fit one wave
+    (1 x 40,000: 128 split CTAs and 8), else in the splits that hold the new positions (8 x 32,768:
+    256 and 64, more than 2 per SM)."""
+    case = (128, 32, 8, 3, 3, 1, torch.float16, True)
+    cache, table, q, out, own = check_fused_append(case, lengths, gen)
+    check_against_reference(cache, table, q, out, lengths, 128**-0.5, own)
 
 
 def reference_lse(cache, table, q, lengths, scale, own_k=None, shift=None):
