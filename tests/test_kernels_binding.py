@@ -18,7 +18,7 @@ from tq_trtllm import kernels
 from tq_trtllm.kernels._lib import TqPagedCache
 from tq_trtllm.kernels.ops import DeviceCodec
 
-from gpu.test_attention import FUSED_CASES, fused_lengths
+from gpu.test_attention import FUSED_CASES, WIDE_FUSED_LENGTHS, fused_lengths
 
 
 def test_import_needs_no_gpu_and_says_why_it_cannot_run():
@@ -127,19 +127,21 @@ def test_the_gpu_tests_long_cases_run_on_eight_warp_ctas(shape):
 
 
 @needs_library
-def test_the_fused_append_test_takes_both_append_paths():
-    """A one-token fused step encodes its new keys and values in CTAs of their own where the split
-    CTAs and they take at most 3 of an SM's 4 slots (attention.cu, on 132 SMs), else in the splits
-    that hold them. The GPU test of the fused append must run both: its one-token cases lie on both
-    sides of that rule."""
-    lengths = fused_lengths(1)
-    batch, context = len(lengths), max(lengths)
-    in_own_ctas = set()
-    for d, hq, hkv, _, _, q_len, _, _ in FUSED_CASES:
-        if q_len == 1:
-            split_ctas = planned_splits(batch, context, hq, hkv, d, 1) * batch * hkv
-            in_own_ctas.add(split_ctas + batch * hkv <= 132 * 3)
-    assert in_own_ctas == {True, False}
+def test_the_fused_append_tests_take_both_append_paths():
+    """A one-token fused step encodes its new keys and values in CTAs of the split pass where they
+    fit beside the splits (4-warp CTAs: 3 of an SM's 4 slots; 8-warp CTAs: one wave of 2 per SM;
+    attention.cu, on 132 SMs), else in CTAs of the merge pass. The GPU tests of the fused append
+    must run both."""
+    shapes = [(len(fused_lengths(1)), max(fused_lengths(1)), case) for case in FUSED_CASES]
+    shapes += [(len(n), max(n), (128, 32, 8)) for n in WIDE_FUSED_LENGTHS]
+    in_split_pass = set()
+    for batch, context, (d, hq, hkv, *rest) in shapes:
+        if rest and rest[2] != 1:
+            continue  # a longer step encodes in the splits
+        splits = planned_splits(batch, context, hq, hkv, d, 1)
+        slots = 132 * 2 if (batch, context, hq, hkv, d, 1) in WIDE_TEST_SPLITS else 132 * 3
+        in_split_pass.add(splits * batch * hkv + batch * hkv <= slots)
+    assert in_split_pass == {True, False}
 
 
 @needs_library

@@ -13,9 +13,9 @@
 // rows, and the decoded codes, as A fragments, serve every row tile. Norms multiply the scores
 // (keys) and the probabilities (values), so centroids are decoded unscaled. The warps' states
 // are combined and written as one partial state per split.
-// The fused append (tq_decode_attention_append) encodes the call's new keys and values in the split
-// pass: a one-token step's in CTAs of its own beside the splits where they fit (AttnArgs::
-// append_cta0), otherwise in the splits that hold the new positions, before they read them.
+// The fused append (tq_decode_attention_append) encodes the call's new keys and values: a one-token
+// step's in CTAs of its own, beside the splits or in the merge pass (AttnArgs::append_cta0), a
+// longer step's in the splits that hold the new positions, before they read them.
 // Every pair of the allocator's widths with values no wider than keys gets kernels whose tile
 // offsets and widths are compile-time constants (tile_shape, special_split_kernel); every other
 // pair runs the same code with them read at run time.
@@ -111,12 +111,8 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
   // dimension, CTA i = split + splits (kvh + heads z), then from append_cta0 on one per sequence
   // and KV head (q_len 1: z = b).
   int split = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
-  // The merge pass (a programmatic dependent launch) may start now at head_dim 64 and in CUDA
-  // graphs, else after the tile loop: starting it at once made SmolLM2's calls 1-7% faster alone
-  // and 7-15% in graphs, Llama-3-8B's 5-7% faster in graphs but up to 11% slower alone at batch 1
-  // (docs/BENCHMARKS.md, session 18).
-  const bool merge_at_start = D == 64 || a.in_graph;
-  if (merge_at_start) asm volatile("griddepcontrol.launch_dependents;");
+  // The merge pass (a programmatic dependent launch) may start now or after the tile loop.
+  if (a.merge_at_start) asm volatile("griddepcontrol.launch_dependents;");
   const bool append_cta = int(blockIdx.x) >= a.append_cta0;
   if (a.append_cta0 != kNoAppendCtas) {
     const int heads = a.cache.num_kv_heads;
@@ -138,11 +134,11 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
   const int L = keys.len, split_begin = keys.begin, split_end = keys.end;
 
   // --- The fused append (tq_decode_attention_append). A one-token step's position is no split's
-  // to read (every row's own position is taken exactly, own_lag), so CTAs of their own, launched
-  // after all the splits', encode it while the splits run. More new tokens are read by later
-  // rows: the splits that hold them encode them before any warp copies a tile (the barrier below
-  // orders the writes first); every row tile's CTA of the split writes the same bytes. ---
-  if (a.append && (append_cta || a.append_cta0 == kNoAppendCtas))
+  // to read (every row's own position is taken exactly, own_lag), so CTAs of their own encode it
+  // (AttnArgs::append_cta0). More new tokens are read by later rows: the splits that hold them
+  // encode them before any warp copies a tile (the barrier below orders the writes first); every
+  // row tile's CTA of the split writes the same bytes. ---
+  if (a.append && (append_cta || a.q_len > 1))
     encode_new_rows<D, W, T>(a, b, kvh, L, append_cta ? L - 1 : split_begin,
                           append_cta ? L : split_begin + a.split_tokens);
   if (append_cta) return;
@@ -483,7 +479,7 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
     __syncwarp();
   }
   cp_async_wait<0>();
-  if (!merge_at_start) asm volatile("griddepcontrol.launch_dependents;");
+  if (!a.merge_at_start) asm volatile("griddepcontrol.launch_dependents;");
 
   // --- Epilogue: combine the warps' states, write this split's partial state. ---
 #pragma unroll
@@ -571,7 +567,9 @@ __device__ inline float own_score(const AttnArgs& a, int b, int kvh, int j, cons
   return a.q_scale * (warp_q_dot<D>(qv, [&](int ch) { return to_float(kx[ch]); }) - qm);
 }
 
-template <int D, typename T>
+// APPENDS: the kernel of calls with merge_appends (the encoding's registers stay out of the others,
+// whose CTAs wait beside the splits where the merge pass starts early).
+template <int D, typename T, bool APPENDS>
 __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(AttnArgs a, int batch) {
   constexpr int E = D / 32;
   __shared__ float acc_s[kMergeWarps][D];
@@ -579,6 +577,14 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(AttnArgs a, int
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int64_t item = blockIdx.x;  // (b, kvh, row): one CTA per query row
   const int heads = a.cache.num_kv_heads;
+  // Then, with merge_appends, one CTA per (b, kvh) encodes a one-token step's new key and value
+  // (the fused append). No split reads that position, so it does not wait for the split pass.
+  const int64_t merge_ctas = int64_t(batch) * heads * a.rows;
+  if (APPENDS && item >= merge_ctas) {
+    const int i = int(item - merge_ctas), b = i / heads, L = seq_len(a, b);
+    encode_new_rows<D, kMergeWarps, T>(a, b, i % heads, L, L - 1, L);
+    return;
+  }
   const int r = int(item % a.rows);
   const int kvh = int(item / a.rows % heads);
   const int b = int(item / a.rows / heads);
@@ -923,7 +929,8 @@ tq_status launch(const AttnArgs& a, const SplitPlan& sp, int batch, cudaStream_t
   TQ_TRY((sp.prefill ? launch_prefill_pass<D, T>(a, grid, stream) : launch_split_pass<D, T>(a, sp.warps, grid, stream)));
   // The merge pass as a programmatic dependent launch: its launch overlaps the split pass's tail
   // (it starts with griddepcontrol.wait), which matters where the whole call lasts microseconds.
-  const int64_t rows = int64_t(batch) * a.cache.num_kv_heads * a.rows;  // one CTA per query row
+  // One CTA per query row, then with merge_appends one per (sequence, KV head).
+  const int64_t rows = int64_t(batch) * a.cache.num_kv_heads * (a.rows + (a.merge_appends ? 1 : 0));
   cudaLaunchAttribute pdl{};
   pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   pdl.val.programmaticStreamSerializationAllowed = 1;
@@ -933,7 +940,8 @@ tq_status launch(const AttnArgs& a, const SplitPlan& sp, int batch, cudaStream_t
   cfg.stream = stream;
   cfg.attrs = &pdl;
   cfg.numAttrs = 1;
-  const cudaError_t err = cudaLaunchKernelEx(&cfg, merge_kernel<D, T>, a, batch);
+  const cudaError_t err = a.merge_appends ? cudaLaunchKernelEx(&cfg, merge_kernel<D, T, true>, a, batch)
+                                           : cudaLaunchKernelEx(&cfg, merge_kernel<D, T, false>, a, batch);
   cudaGetLastError();  // reported from err: leave no stale error for the next check_launch
   return err == cudaSuccess ? TQ_OK
                             : fail(TQ_ERR_CUDA, "attention (merge pass): CUDA launch failed: %s",
@@ -1009,21 +1017,28 @@ tq_status attention(const char* name, int max_q_len, const tq_paged_cache* cache
   a.row_tiles = sp.row_tiles;
   a.num_splits = sp.num_splits;
   a.split_tokens = sp.split_tokens;
-  // A one-token step's append in CTAs of its own, after the splits' (q_len 1: one row tile per
-  // sequence and KV head), where the splits and they take at most 3 of an SM's 4 CTA slots of 4
-  // warps: at 1 x 131,072 (3 split CTAs per SM) they made the call 24% slower, while the splits'
-  // own encoding costs 0.2% there (docs/BENCHMARKS.md, session 16). Beside kWideWarps splits,
-  // where they all fit one wave: the splits' own encoding added 2-3 us there (session 20).
-  const int64_t split_ctas = int64_t(sp.num_splits) * heads * batch * sp.cta_tiles;
-  const int resident = ctas_per_sm(row_ntiles(a.rows), sp.warps);
-  const int64_t free_slots = int64_t(sm_count()) * (sp.warps == kWideWarps ? resident : resident - 1) - split_ctas;
-  a.append_cta0 = append && q_len == 1 && !sp.prefill && int64_t(batch) * heads <= free_slots
-                      ? int(split_ctas) : kNoAppendCtas;
   a.q_scale = softmax_scale * kLog2e;
+  // The merge pass starts with the split pass at head_dim 64 and in CUDA graphs, else after the
+  // tile loop: starting it at once made SmolLM2's calls 1-7% faster alone and 7-15% in graphs,
+  // Llama-3-8B's 5-7% faster in graphs but up to 11% slower alone at batch 1 (docs/BENCHMARKS.md,
+  // sessions 18 and 19).
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(reinterpret_cast<cudaStream_t>(stream), &capture) != cudaSuccess)
     cudaGetLastError();  // (the legacy stream beside a global capture): taken as not capturing
-  a.in_graph = capture == cudaStreamCaptureStatusActive;
+  a.merge_at_start = d == 64 || capture == cudaStreamCaptureStatusActive;
+  // A one-token step's append: in CTAs of the split pass, after the splits' (one per sequence and
+  // KV head), where the splits and they take at most 3 of an SM's 4 CTA slots of 4 warps (at
+  // 1 x 131,072, 3 split CTAs per SM, they made the call 24% slower; session 16), or all fit one
+  // wave beside kWideWarps splits. Else in CTAs of the merge pass: beside batched splits they cost
+  // 3-4% less than encoding in the splits (session 20). (Where the merge pass starts late, its
+  // append CTAs ended short calls 1-1.6 us later than the split pass's; where it starts early, its
+  // heavier CTAs waiting beside the splits made long calls 1.4-2.8% slower.)
+  const int64_t split_ctas = int64_t(sp.num_splits) * heads * batch * sp.cta_tiles;
+  const int resident = ctas_per_sm(row_ntiles(a.rows), sp.warps);
+  const int64_t free_slots = int64_t(sm_count()) * (sp.warps == kWideWarps ? resident : resident - 1) - split_ctas;
+  const bool one_token = append && q_len == 1 && !sp.prefill;
+  a.append_cta0 = one_token && int64_t(batch) * heads <= free_slots ? int(split_ctas) : kNoAppendCtas;
+  a.merge_appends = one_token && a.append_cta0 == kNoAppendCtas;
   a.ws_o = static_cast<float*>(workspace);
   a.ws_ml = reinterpret_cast<float2*>(a.ws_o + slots * d);
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);

@@ -47,14 +47,15 @@ struct AttnArgs {
   // passes over the cache stop one position earlier (own_lag).
   const void* new_kv[2];
   int64_t new_stride;     // their token stride, elements
-  bool append;            // the split pass first writes new_kv into the pages (the fused append)
-  // A one-token step's fused append runs in CTAs of its own, the split pass's from append_cta0 on
-  // (launched after every split's CTA): no split reads that position (own_lag). Else
-  // (kNoAppendCtas) each split encodes the new positions it holds before it reads any.
+  bool append;            // the fused append: new_kv written into the pages
+  // A one-token step's fused append runs in CTAs of its own, as no split reads that position
+  // (own_lag): the split pass's from append_cta0 on (launched after every split's CTA), else
+  // (kNoAppendCtas) the merge pass's after its query rows' (merge_appends). A longer step's: each
+  // split encodes the new positions it holds before it reads any.
   int append_cta0;
-  // The call is being captured into a CUDA graph: the split pass lets the merge pass start at once
-  // at every head_dim (attention_split_kernel).
-  bool in_graph;
+  bool merge_appends;
+  // The split pass lets the merge pass start at once, not after its tile loop (attention()).
+  bool merge_at_start;
   float* ws_o;          // [batch][Hkv][row_tiles * 16][splits][D]: unnormalized partial outputs
   float2* ws_ml;        // [batch][Hkv][row_tiles * 16][splits]: (running max, sum) in base 2
 };

@@ -229,9 +229,10 @@ def test_prefill_attention_chunk_over_history(case, with_own, gen):
     check_against_reference(cache, table, q, out, lengths, d**-0.5, own)
 
 
-# The fused append's cases. A one-token step encodes in CTAs of its own or in the splits, by the
-# plan: the d 128 one-token case here takes the splits, the d 64 one its own CTAs
-# (tests/test_kernels_binding.py pins that both paths stay covered).
+# The fused append's cases. A one-token step encodes in CTAs of its own, of the split or the merge
+# pass: the d 64 one-token case here takes the split pass's, the d 128 one the merge pass's, and
+# the 8-warp test below both (tests/test_kernels_binding.py pins that both paths stay covered);
+# longer steps encode in the splits.
 FUSED_CASES = [CASES[1], CASES[2], CASES[4], CASES[6], CASES[9], CASES[12]]
 
 
@@ -298,11 +299,14 @@ def test_eight_warp_ctas_match_the_reference(case, n, gen):
     check_against_reference(cache, table, q, out, [n], d**-0.5, own)
 
 
-@pytest.mark.parametrize("lengths", [[40000], [32768] * 8], ids=["append-ctas", "in-splits"])
+# A one-token step beside 8-warp splits encodes in CTAs of the split pass where all fit one wave
+# (1 x 40,000: 128 split CTAs and 8), else in CTAs of the merge pass (8 x 32,768: 256 and 64, more
+# than 2 per SM); tests/test_kernels_binding.py checks that they do.
+WIDE_FUSED_LENGTHS = [[40000], [32768] * 8]
+
+
+@pytest.mark.parametrize("lengths", WIDE_FUSED_LENGTHS, ids=["split-pass", "merge-pass"])
 def test_the_fused_append_beside_eight_warp_ctas(lengths, gen):
-    """A one-token step beside 8-warp splits encodes in CTAs of its own where all fit one wave
-    (1 x 40,000: 128 split CTAs and 8), else in the splits that hold the new positions (8 x 32,768:
-    256 and 64, more than 2 per SM)."""
     case = (128, 32, 8, 3, 3, 1, torch.float16, True)
     cache, table, q, out, own = check_fused_append(case, lengths, gen)
     check_against_reference(cache, table, q, out, lengths, 128**-0.5, own)
