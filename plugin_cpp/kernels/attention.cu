@@ -1030,9 +1030,10 @@ tq_status attention(const char* name, int max_q_len, const tq_paged_cache* cache
   // KV head), where the splits and they take at most 3 of an SM's 4 CTA slots of 4 warps (at
   // 1 x 131,072, 3 split CTAs per SM, they made the call 24% slower; session 16), or all fit one
   // wave beside kWideWarps splits. Else in CTAs of the merge pass: beside batched splits they cost
-  // 3-4% less than encoding in the splits (session 20). (Where the merge pass starts late, its
-  // append CTAs ended short calls 1-1.6 us later than the split pass's; where it starts early, its
-  // heavier CTAs waiting beside the splits made long calls 1.4-2.8% slower.)
+  // 3-4% less than encoding in the splits (session 20). (Taken where the split pass's fit too,
+  // they ended short calls alone 1-1.6 us later where the merge pass starts late, and made fused
+  // calls in graphs 1.7-3.4% slower at 1 x 16,384 and 1 x 131,072, SmolLM2's alone 4% at 1 x
+  // 8,192, where it starts early.)
   const int64_t split_ctas = int64_t(sp.num_splits) * heads * batch * sp.cta_tiles;
   const int resident = ctas_per_sm(row_ntiles(a.rows), sp.warps);
   const int64_t free_slots = int64_t(sm_count()) * (sp.warps == kWideWarps ? resident : resident - 1) - split_ctas;
