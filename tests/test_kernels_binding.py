@@ -132,12 +132,11 @@ def test_the_fused_append_tests_take_both_append_paths():
     fit beside the splits (4-warp CTAs: 3 of an SM's 4 slots; 8-warp CTAs: one wave of 2 per SM;
     attention.cu, on 132 SMs), else in CTAs of the merge pass. The GPU tests of the fused append
     must run both."""
-    shapes = [(len(fused_lengths(1)), max(fused_lengths(1)), case) for case in FUSED_CASES]
-    shapes += [(len(n), max(n), (128, 32, 8)) for n in WIDE_FUSED_LENGTHS]
+    one_token = [(len(fused_lengths(1)), max(fused_lengths(1)), d, hq, hkv)
+                 for d, hq, hkv, _, _, q_len, _, _ in FUSED_CASES if q_len == 1]
+    one_token += [(len(n), max(n), 128, 32, 8) for n in WIDE_FUSED_LENGTHS]
     in_split_pass = set()
-    for batch, context, (d, hq, hkv, *rest) in shapes:
-        if rest and rest[2] != 1:
-            continue  # a longer step encodes in the splits
+    for batch, context, d, hq, hkv in one_token:
         splits = planned_splits(batch, context, hq, hkv, d, 1)
         slots = 132 * 2 if (batch, context, hq, hkv, d, 1) in WIDE_TEST_SPLITS else 132 * 3
         in_split_pass.add(splits * batch * hkv + batch * hkv <= slots)

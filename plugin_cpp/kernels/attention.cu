@@ -60,18 +60,19 @@ struct SmemPlan {
   int q_half, tables, stages, stage_bytes, combine, total;
 };
 
-// rotary: the key codec has a rotary mean (its tables share the query rows' region). W: warps.
-template <int D, int W>
-__host__ __device__ inline SmemPlan smem_plan(const PageShape& kt, const PageShape& vt, bool rotary) {
+// Of a CTA of `warps` warps at head_dim D; rotary: the key codec has a rotary mean (its tables
+// share the query rows' region). (Inlined with constants in the kernel.)
+__host__ __device__ inline SmemPlan smem_plan(int D, int warps, const PageShape& kt, const PageShape& vt,
+                                              bool rotary) {
   SmemPlan p{};
   p.q_half = 0;                                      // __half[16][D + 8], then the rotary tables
   const int q_bytes = kRows * (D + 8) * 2;
   p.tables = (rotary && kRotBytes > q_bytes ? kRotBytes : q_bytes + 15) / 16 * 16;  // ByteTables[2][4] (fill_byte_tables)
   p.stages = p.tables + kByteTablesBytes;  // per warp: kStages x (K, V chunk)
   p.stage_bytes = kt.page_bytes + vt.page_bytes;
-  const int loop_bytes = p.stages + W * kStages * p.stage_bytes;
-  p.combine = 0;                                     // float O[W][16][D], float2 ml[W][16]
-  const int combine_bytes = W * kRows * D * 4 + W * kRows * 8;
+  const int loop_bytes = p.stages + warps * kStages * p.stage_bytes;
+  p.combine = 0;                                     // float O[warps][16][D], float2 ml[warps][16]
+  const int combine_bytes = warps * kRows * D * 4 + warps * kRows * 8;
   p.total = loop_bytes > combine_bytes ? loop_bytes : combine_bytes;
   return p;
 }
@@ -125,7 +126,7 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
   const PageShape kt = tile_shape<D, KG, KB>(a.chunk[0]);
   const PageShape vt = tile_shape<D, VG, VB>(a.chunk[1]);
   const CodecLayout& kc = a.cache.codec[0];
-  const SmemPlan plan = smem_plan<D, W>(kt, vt, kc.rotary_pairs > 0);
+  const SmemPlan plan = smem_plan(D, W, kt, vt, kc.rotary_pairs > 0);
   __half* q_s = reinterpret_cast<__half*>(smem + plan.q_half);
   ByteTables* tables = reinterpret_cast<ByteTables*>(smem + plan.tables);  // code_tables(kv * 2 + group)
 
@@ -827,9 +828,8 @@ SplitPlan plan_splits(int batch, int q_len, int group, int num_kv_heads, int max
 // Whether CTAs of kWideWarps fit ctas_per_sm(1, kWideWarps) per SM (wide codes need more stages'
 // bytes), with the 1 KB that the runtime keeps per CTA.
 bool wide_ctas_fit(const AttnArgs& a) {
-  const bool rotary = a.cache.codec[0].rotary_pairs > 0;
-  const int bytes = a.cache.codec[0].head_dim == 64 ? smem_plan<64, kWideWarps>(a.chunk[0], a.chunk[1], rotary).total
-                                                   : smem_plan<128, kWideWarps>(a.chunk[0], a.chunk[1], rotary).total;
+  const int bytes = smem_plan(a.cache.codec[0].head_dim, kWideWarps, a.chunk[0], a.chunk[1],
+                              a.cache.codec[0].rotary_pairs > 0).total;
   return ctas_per_sm(1, kWideWarps) * (bytes + 1024) <= smem_per_sm();
 }
 
@@ -910,9 +910,7 @@ void (*split_kernel_for(const CacheView& c))(AttnArgs) {
 template <int D, typename T>
 tq_status launch_split_pass(const AttnArgs& a, int warps, dim3 grid, cudaStream_t stream) {
   if (a.append_cta0 != kNoAppendCtas) grid = dim3(unsigned(a.append_cta0 + int64_t(grid.z) * grid.y));  // z = b here
-  const bool rotary = a.cache.codec[0].rotary_pairs > 0;
-  const int smem = warps == kWideWarps ? smem_plan<D, kWideWarps>(a.chunk[0], a.chunk[1], rotary).total
-                                       : smem_plan<D, kWarps>(a.chunk[0], a.chunk[1], rotary).total;
+  const int smem = smem_plan(D, warps, a.chunk[0], a.chunk[1], a.cache.codec[0].rotary_pairs > 0).total;
   auto kernel = warps == kWideWarps      ? split_kernel_for<D, 1, kWideWarps, T>(a.cache)
                 : row_ntiles(a.rows) == 1 ? split_kernel_for<D, 1, kWarps, T>(a.cache)
                                           : split_kernel_for<D, 2, kWarps, T>(a.cache);
