@@ -56,6 +56,16 @@ constexpr int kRotLd = 2 * TQ_MAX_ROTARY_PAIRS + 8;
 constexpr int kRotTableBytes = 2 * kChunk * kRotLd * 2;
 constexpr int kRotBytes = kRotTableBytes + TQ_MAX_ROTARY_PAIRS * 8;
 
+// The combine buffer's rows (the epilogue): a run of 16 dims takes 17 floats and rows lie 4 mod 8
+// floats apart, so that each store of the accumulator fragments (8 runs x 4 rows) spreads over the
+// banks (all 32 at head_dim 128). Unpadded, its 16-way conflicts took 5% of the split pass's stall
+// samples at 1 x 4,096.
+__host__ __device__ constexpr int combine_ld(int D) {
+  return D + D / 16 + (D / 16 % 8 == 4 ? 0 : (12 - D / 16 % 8) % 8);
+}
+__host__ __device__ constexpr int combine_at(int D, int row, int dim) { return row * combine_ld(D) + dim + dim / 16; }
+static_assert(combine_ld(128) % 8 == 4 && combine_ld(64) % 8 == 4);
+
 struct SmemPlan {
   int q_half, tables, stages, stage_bytes, combine, total;
 };
@@ -71,8 +81,8 @@ __host__ __device__ inline SmemPlan smem_plan(int D, int warps, const PageShape&
   p.stages = p.tables + kByteTablesBytes;  // per warp: kStages x (K, V chunk)
   p.stage_bytes = kt.page_bytes + vt.page_bytes;
   const int loop_bytes = p.stages + warps * kStages * p.stage_bytes;
-  p.combine = 0;                                     // float O[warps][16][D], float2 ml[warps][16]
-  const int combine_bytes = warps * kRows * D * 4 + warps * kRows * 8;
+  p.combine = 0;                     // float O[warps][16] rows of combine_ld(D), float2 ml[warps][16]
+  const int combine_bytes = warps * kRows * combine_ld(D) * 4 + warps * kRows * 8;
   p.total = loop_bytes > combine_bytes ? loop_bytes : combine_bytes;
   return p;
 }
@@ -122,7 +132,7 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
     kvh = i % heads;
     z = i / heads;
   }
-  const int b = z / a.row_tiles, rt = z % a.row_tiles;
+  const int b = quotient(z, a.row_tiles), rt = z - b * a.row_tiles.d;
   const PageShape kt = tile_shape<D, KG, KB>(a.chunk[0]);
   const PageShape vt = tile_shape<D, VG, VB>(a.chunk[1]);
   const CodecLayout& kc = a.cache.codec[0];
@@ -143,6 +153,25 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
     encode_new_rows<D, W, T>(a, b, kvh, L, append_cta ? L - 1 : split_begin,
                           append_cta ? L : split_begin + a.split_tokens);
   if (append_cta) return;
+  // Chunk indices and page slot of this warp's tiles i .. i + 31, one per lane, from the block table
+  // in one go (the divisions by T happen here, once per 32 tiles). A tile that crosses a block
+  // boundary (T not a multiple of kChunk) does so at its half: its second half is slots 0..15 of
+  // the next block (chunk indices window_k2, window_v2). The first window is read before the
+  // prologue, which hides its latency (at short contexts the first tiles waited on it).
+  const int page_tokens = a.cache.tokens;
+  int window_k, window_v, window_k2, window_v2, window_slot;
+  auto load_window = [&](int i) {
+    const int pos = split_begin + (warp + (i + lane) * W) * kChunk;
+    const int block = pos / page_tokens;
+    const bool in_split = pos < split_end;
+    window_k = in_split ? chunk_of(a.cache, b, 0, block) : -1;
+    window_v = in_split ? chunk_of(a.cache, b, 1, block) : -1;
+    window_slot = pos - block * page_tokens;
+    const bool cross = window_slot + kChunk > page_tokens && pos + kTile < split_end;
+    window_k2 = cross ? chunk_of(a.cache, b, 0, block + 1) : -1;
+    window_v2 = cross ? chunk_of(a.cache, b, 1, block + 1) : -1;
+  };
+  load_window(0);
   // --- The rotated query rows, fp16 into shared memory; the codebook tables; the rotary mean's
   // state. Every global read of the prologue is issued before the first use of any: the codec's
   // per-lane and per-pair arrays, then every query value, so that the prologue waits on two
@@ -185,7 +214,8 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
     if (k >= kBatch && k % kBatch == 0)
 #pragma unroll
       for (int l = 0; l < kBatch; ++l) load_query_row<D, T>(a, b, kvh, row0 + warp + W * (k + l), lr, x[l]);
-    rotate_query_row<D>(a, lr, x[k % kBatch]);
+    // Padding rows (a one-token step fills 4 of 8 at a GQA group of 4) load as zeros and stay so.
+    if (row0 + warp + W * k < a.rows) rotate_query_row<D, KG>(a, lr, x[k % kBatch]);
 #pragma unroll
     for (int e = 0; e < E; ++e) q_s[(warp + W * k) * (D + 8) + lane * E + e] = __float2half_rn(x[k % kBatch][e]);
   }
@@ -256,26 +286,10 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
   for (int nr = 0; nr < NR; ++nr) m_run[nr][0] = m_run[nr][1] = -INFINITY, l_run[nr][0] = l_run[nr][1] = 0.0f;
 
   uint8_t* stage0 = smem + plan.stages + warp * kStages * plan.stage_bytes;
-  const int page_tokens = a.cache.tokens;
   const int chunks = split_end > split_begin ? (split_end - split_begin + kChunk - 1) / kChunk : 0;
-  // Chunk indices and page slot of this warp's next 32 tiles, one per lane, from the block table in
-  // one go (the divisions by T happen here, once per 32 tiles). A tile that crosses a block
-  // boundary (T not a multiple of kChunk) does so at its half: its second half is slots 0..15 of
-  // the next block (chunk indices window_k2, window_v2).
-  int window_k = -1, window_v = -1, window_k2 = -1, window_v2 = -1, window_slot = 0;
   uint32_t staged = 0;  // bits 2 (i % kStages) + h: half h of tile i was staged (its pages exist)
   auto stage = [&](int i) {  // issues the copies of this warp's i-th tile (uniform over the warp)
-    if (i % 32 == 0) {
-      const int pos = split_begin + (warp + (i + lane) * W) * kChunk;
-      const int block = pos / page_tokens;
-      const bool in_split = pos < split_end;
-      window_k = in_split ? chunk_of(a.cache, b, 0, block) : -1;
-      window_v = in_split ? chunk_of(a.cache, b, 1, block) : -1;
-      window_slot = pos - block * page_tokens;
-      const bool cross = window_slot + kChunk > page_tokens && pos + kTile < split_end;
-      window_k2 = cross ? chunk_of(a.cache, b, 0, block + 1) : -1;
-      window_v2 = cross ? chunk_of(a.cache, b, 1, block + 1) : -1;
-    }
+    if (i % 32 == 0 && i > 0) load_window(i);
     const int ck = __shfl_sync(0xffffffffu, window_k, i % 32);
     const int cv = __shfl_sync(0xffffffffu, window_v, i % 32);
     const int slot0 = __shfl_sync(0xffffffffu, window_slot, i % 32);
@@ -492,8 +506,8 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
       l_run[nr][j] += __shfl_xor_sync(0xffffffffu, l_run[nr][j], 16);
     }
   __syncthreads();  // the loop's shared memory becomes the combine buffer
-  float* o_s = reinterpret_cast<float*>(smem + plan.combine);   // [warp][row][D] rotated dims
-  float2* ml_s = reinterpret_cast<float2*>(o_s + W * kRows * D);
+  float* o_s = reinterpret_cast<float*>(smem + plan.combine);   // [warp][row] of rotated dims (combine_at)
+  float2* ml_s = reinterpret_cast<float2*>(o_s + W * kRows * combine_ld(D));
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     const int g = mt / (VCNT / 2), i = mt % (VCNT / 2);
@@ -502,7 +516,7 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
       const int dim = g * (D / VG) + g4 * VCNT + run_slot_coord(vt.group[g].bits, VCNT, 2 * i + (e >> 1));
 #pragma unroll
       for (int nr = 0; nr < NR; ++nr)
-        o_s[(warp * kRows + 8 * nr + 2 * tig + (e & 1)) * D + dim] = o[mt][nr][e];
+        o_s[combine_at(D, warp * kRows + 8 * nr + 2 * tig + (e & 1), dim)] = o[mt][nr][e];
     }
   }
   if (g4 == 0) {
@@ -513,9 +527,9 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
         ml_s[warp * kRows + 8 * nr + 2 * tig + j] = make_float2(m_run[nr][j], l_run[nr][j]);
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < 8 * NR * D; i += 32 * W) {
+  const int rows_here = min(8 * NR, a.rows - row0);  // not the padding rows
+  for (int i = threadIdx.x; i < rows_here * D; i += 32 * W) {
     const int row = i / D, dim = i % D;
-    if (row0 + row >= a.rows) continue;
     float m_all = -INFINITY;
 #pragma unroll
     for (int w = 0; w < W; ++w) m_all = fmaxf(m_all, ml_s[w * kRows + row].x);
@@ -523,8 +537,8 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
 #pragma unroll
     for (int w = 0; w < W; ++w) {
       const float2 ml = ml_s[w * kRows + row];
-      const float wgt = ml.x == -INFINITY ? 0.0f : exp2f(ml.x - m_all);
-      acc += wgt * o_s[(w * kRows + row) * D + dim];
+      const float wgt = ml.x == -INFINITY ? 0.0f : fast_exp2(ml.x - m_all);  // ml.x <= m_all
+      acc += wgt * o_s[combine_at(D, w * kRows + row, dim)];
       l_all += wgt * ml.y;
     }
     const int64_t slot = ws_slot(a, b, kvh, row0 + row, split);
@@ -576,7 +590,9 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(AttnArgs a, int
   __shared__ float acc_s[kMergeWarps][D];
   __shared__ float m_s[kMergeWarps], l_s[kMergeWarps];
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  const int64_t item = blockIdx.x;  // (b, kvh, row): one CTA per query row
+  // (b, kvh, row): one CTA per query row. 32-bit arithmetic: a grid has fewer than 2^31 CTAs, and
+  // 64-bit divisions are calls of dozens of instructions.
+  const int item = int(blockIdx.x);
   const int heads = a.cache.num_kv_heads;
   // Then, with merge_appends, one CTA per (b, kvh) encodes a one-token step's new key and value
   // (the fused append). No split reads that position, so it does not wait for the split pass.
@@ -586,11 +602,10 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(AttnArgs a, int
     encode_new_rows<D, kMergeWarps, T>(a, b, i % heads, L, L - 1, L);
     return;
   }
-  const int r = int(item % a.rows);
-  const int kvh = int(item / a.rows % heads);
-  const int b = int(item / a.rows / heads);
+  const int row_item = item / a.rows, r = item - row_item * a.rows;
+  const int b = row_item / heads, kvh = row_item - b * heads;
   const int64_t base = ws_slot(a, b, kvh, r, 0);
-  const int j = r / a.group, hq = kvh * a.group + r % a.group;
+  const int j = quotient(r, a.group), hq = kvh * a.group.d + r - j * a.group.d;
   const int64_t row = query_row_index(a, b, kvh, r);
   const T* qv = static_cast<const T*>(a.q) + row * D;
   // q . key mean (original channels): the splits' scores leave it out; the own score and the
@@ -717,6 +732,9 @@ int smem_per_sm() {
 // The largest q_len the split pass serves at a GQA group: more than kPrefillMinRows query rows per
 // KV head go to the prefill pass.
 static_assert(kPrefillMinRows >= TQ_MAX_GQA_GROUP);
+// The longest chunk tq_prefill_attention takes; its rows stay quotient()'s exact range.
+constexpr int kMaxPrefillQLen = 1 << 20;
+static_assert(int64_t(kMaxPrefillQLen) * TQ_MAX_GQA_GROUP < kSmallDividendLimit);
 int split_pass_max_q_len(int group) { return kPrefillMinRows / group; }
 
 // The pass a call runs and its row tiles, before the split.
@@ -1009,10 +1027,10 @@ tq_status attention(const char* name, int max_q_len, const tq_paged_cache* cache
   a.kv_lens = kv_lens;
   a.max_kv_len = max_kv_len;
   a.q_len = q_len;
-  a.group = num_q_heads / heads;
+  a.group = small_divisor(num_q_heads / heads);
   a.num_q_heads = num_q_heads;
-  a.rows = q_len * a.group;
-  a.row_tiles = sp.row_tiles;
+  a.rows = q_len * a.group.d;  // below kSmallDividendLimit (kMaxPrefillQLen)
+  a.row_tiles = small_divisor(sp.row_tiles);
   a.num_splits = sp.num_splits;
   a.split_tokens = sp.split_tokens;
   a.q_scale = softmax_scale * kLog2e;
@@ -1092,7 +1110,7 @@ extern "C" tq_status tq_prefill_attention(const tq_paged_cache* cache, const voi
                                           int32_t batch, int32_t q_len, int32_t num_q_heads,
                                           float softmax_scale, void* workspace,
                                           size_t workspace_bytes, tq_stream stream) {
-  return tq::attention("prefill_attention", 1 << 20, cache, k_new, v_new, new_stride, false, q, out,
-                       lse, dtype, kv_lens, max_kv_len, batch, q_len, num_q_heads, softmax_scale,
-                       workspace, workspace_bytes, stream);
+  return tq::attention("prefill_attention", tq::kMaxPrefillQLen, cache, k_new, v_new, new_stride,
+                       false, q, out, lse, dtype, kv_lens, max_kv_len, batch, q_len, num_q_heads,
+                       softmax_scale, workspace, workspace_bytes, stream);
 }

@@ -29,6 +29,22 @@ constexpr int kPrefillCtasPerSm = 1;
 
 constexpr int kNoAppendCtas = 0x7fffffff;  // AttnArgs::append_cta0: no append CTAs
 
+// A divisor known only at run time, with its reciprocal from the host: x / d by one float product
+// and a correction instead of an integer division (about 20 instructions and a MUFU round trip,
+// several of which sat on the split pass's prologue chain). For 0 <= x < kSmallDividendLimit,
+// float(x) is exact and the product lies within 1 of x / d, which the remainder's sign corrects.
+constexpr int kSmallDividendLimit = 1 << 24;
+struct SmallDivisor {
+  int d;
+  float inv;  // 1 / d
+};
+inline SmallDivisor small_divisor(int d) { return {d, 1.0f / float(d)}; }
+__host__ __device__ inline int quotient(int x, SmallDivisor s) {
+  const int q = int(float(x) * s.inv), r = x - q * s.d;
+  return r < 0 ? q - 1 : r >= s.d ? q + 1 : q;
+}
+__host__ __device__ inline int remainder_of(int x, SmallDivisor s) { return x - quotient(x, s) * s.d; }
+
 // Query rows are the q_len x group query vectors that share one KV head: row = token * group +
 // head in group.
 struct AttnArgs {
@@ -39,7 +55,9 @@ struct AttnArgs {
   void* out;
   float* lse;           // [batch][q_len][num_q_heads] natural-log log-sum-exp, or null
   const int32_t* kv_lens;
-  int max_kv_len, q_len, group, num_q_heads, rows, row_tiles;
+  int max_kv_len, q_len, num_q_heads, rows;
+  SmallDivisor group;      // query heads per KV head (rows < kSmallDividendLimit: attention())
+  SmallDivisor row_tiles;  // 16-row tiles per (sequence, KV head) in the workspace
   int num_splits, split_tokens;
   float q_scale;        // softmax_scale * log2(e)
   // The call's new keys and values, the rows of the last q_len positions (k_new, v_new), or null.
@@ -119,19 +137,20 @@ __device__ inline CtaKeys cta_keys(const AttnArgs& a, int b, int split, int row0
   k.len = seq_len(a, b);
   const int last_row = min(a.rows, row0 + cta_rows) - 1;
   k.begin = split * a.split_tokens;
-  k.end = min(min(k.len, k.len - a.q_len + last_row / a.group + 1 - own_lag(a)), k.begin + a.split_tokens);
-  k.full_end = min(k.end, k.len - a.q_len + row0 / a.group + 1 - own_lag(a));
+  k.end = min(min(k.len, k.len - a.q_len + quotient(last_row, a.group) + 1 - own_lag(a)),
+              k.begin + a.split_tokens);
+  k.full_end = min(k.end, k.len - a.q_len + quotient(row0, a.group) + 1 - own_lag(a));
   return k;
 }
 
 // The last cached position query row r reads; padding rows (r >= rows) are never written out: no limit.
 __device__ inline int causal_limit(const AttnArgs& a, int len, int r) {
-  return r < a.rows ? len - a.q_len + r / a.group - own_lag(a) : INT_MAX;
+  return r < a.rows ? len - a.q_len + quotient(r, a.group) - own_lag(a) : INT_MAX;
 }
 
 // The workspace slot of query row r's partial state in split `split` (AttnArgs::ws_o, ws_ml).
 __host__ __device__ inline int64_t ws_slot(const AttnArgs& a, int b, int kvh, int r, int split) {
-  return ((int64_t(b) * a.cache.num_kv_heads + kvh) * a.row_tiles * kRows + r) * a.num_splits + split;
+  return ((int64_t(b) * a.cache.num_kv_heads + kvh) * a.row_tiles.d * kRows + r) * a.num_splits + split;
 }
 
 // The rotary mean in attention (FORMAT.md section 1.1): q . R(pos) m = sum_i Re(z_i e^{i pos f_i})
@@ -143,7 +162,8 @@ __host__ __device__ inline int rot_col(int i) { return 16 * (i / 8) + i % 8; }
 // Query row r of KV head kvh in sequence b (token r / group of the call, query head
 // kvh * group + r % group): its index among the call's [batch][q_len][num_q_heads] rows.
 __device__ inline int64_t query_row_index(const AttnArgs& a, int b, int kvh, int r) {
-  return (int64_t(b) * a.q_len + r / a.group) * a.num_q_heads + kvh * a.group + r % a.group;
+  return (int64_t(b) * a.q_len + quotient(r, a.group)) * a.num_q_heads + kvh * a.group.d +
+         remainder_of(r, a.group);
 }
 
 // That row's vector; nullptr for a padding row (r >= rows).
@@ -229,13 +249,13 @@ __device__ inline void load_query_row(const AttnArgs& a, int b, int kvh, int r, 
   for (int e = 0; e < D / 32; ++e) x[e] = qv ? to_float(qv[lr.ch[e]]) : 0.0f;
 }
 
-// Those values rotated into the keys' domain: the factors, each group's Hadamard transform, times
-// q_scale; the warp holds the row.
-template <int D>
+// Those values rotated into the keys' domain: the factors, each of the KG groups' Hadamard
+// transform, times q_scale; the warp holds the row.
+template <int D, int KG>
 __device__ inline void rotate_query_row(const AttnArgs& a, const LaneRotation<D>& lr, float (&x)[D / 32]) {
 #pragma unroll
   for (int e = 0; e < D / 32; ++e) x[e] *= lr.factor[e];
-  warp_fwht<D / 32>(x, D / a.cache.codec[0].num_groups);
+  warp_fwht_n<D / 32, D / KG>(x);
 #pragma unroll
   for (int e = 0; e < D / 32; ++e) x[e] *= a.q_scale;
 }

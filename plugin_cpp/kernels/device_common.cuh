@@ -110,11 +110,13 @@ __device__ inline float norm_at(const uint8_t* page, const CodecLayout& l, int g
   return __half2float(reinterpret_cast<const __half*>(page + l.norm_off)[g * l.tokens + slot]);
 }
 
-// In-place H x / sqrt(n) (Sylvester order) over n consecutive coordinates held by a warp, E per
-// lane (lane L holds coordinates L*E .. L*E+E-1). Groups of n coordinates occupy aligned runs of
-// n/E lanes, so every group of the vector is transformed at once and independently.
-template <int E>
-__device__ inline void warp_fwht(float (&x)[E], int n) {
+// In-place H x / sqrt(N) (Sylvester order) over N consecutive coordinates held by a warp, E per
+// lane (lane L holds coordinates L*E .. L*E+E-1). Groups of N coordinates occupy aligned runs of
+// N/E lanes, so every group of the vector is transformed at once and independently. N is a
+// compile-time constant so that the shuffle rounds unroll and 1/sqrt(N) is a constant: a runtime
+// size cost a loop and a reciprocal square root on the prologue's dependent chain.
+template <int E, int N>
+__device__ inline void warp_fwht_n(float (&x)[E]) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int h = 1; h < E; h <<= 1) {
@@ -127,7 +129,8 @@ __device__ inline void warp_fwht(float (&x)[E], int n) {
       }
     }
   }
-  for (int h = E; h < n; h <<= 1) {
+#pragma unroll
+  for (int h = E; h < N; h <<= 1) {
     const int lanes = h / E;
     const bool upper = lane & lanes;
 #pragma unroll
@@ -136,9 +139,17 @@ __device__ inline void warp_fwht(float (&x)[E], int n) {
       x[e] = upper ? other - x[e] : x[e] + other;
     }
   }
-  const float inv = 1.0f / sqrtf(float(n));
+  const float inv = 1.0f / sqrtf(float(N));  // folded at compile time, rounded as before
 #pragma unroll
   for (int e = 0; e < E; ++e) x[e] *= inv;
+}
+
+// The same over groups of n coordinates, n the whole vector (32 E) or its half (the two groups of
+// a fractional width: FORMAT.md section 2), which are the only group sizes.
+template <int E>
+__device__ inline void warp_fwht(float (&x)[E], int n) {
+  if (n == 32 * E) warp_fwht_n<E, 32 * E>(x);
+  else warp_fwht_n<E, 16 * E>(x);
 }
 
 // Sum over the n/E lanes of one group (n coordinates, E per lane).

@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(32 * kPrefillWarps, kPrefillCtasPerSm) prefill
     constexpr int E = D / 32;
     float x[E];
     load_query_row<D, T>(a, b, kvh, row0 + rr, lr, x);
-    rotate_query_row<D>(a, lr, x);
+    rotate_query_row<D, KG>(a, lr, x);
 #pragma unroll
     for (int e = 0; e < E; ++e) q_s[blocked<D>(rr, run_position(kt, lane * E + e))] = __float2half_rn(x[e]);
   }
