@@ -1,0 +1,27 @@
+"""Host-only checks of the kernel library's bit tricks, compiled with nvcc and run on the CPU (no
+GPU): the register look-up tables of tile_decode.cuh (plugin_cpp/kernels/tests/tile_decode_test.cu)
+and the float division of attention_common.cuh (small_divisor_test.cu). CI has nvcc: it compiles
+the kernel library with it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NVCC = shutil.which("nvcc")
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found: the CUDA toolkit is not installed")
+@pytest.mark.parametrize("source", ["tile_decode_test.cu", "small_divisor_test.cu"])
+def test_host_check_passes(tmp_path, source):
+    exe = tmp_path / source.removesuffix(".cu")
+    subprocess.run([NVCC, "-std=c++17", "--expt-relaxed-constexpr", "-O2", "-I", str(ROOT / "plugin_cpp" / "include"),
+                    str(ROOT / "plugin_cpp" / "kernels" / "tests" / source), "-o", str(exe)],
+                   check=True, capture_output=True, text=True)
+    done = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip().endswith(": ok")
