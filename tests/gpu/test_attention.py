@@ -65,6 +65,8 @@ CASES = [
     (64, 9, 3, 2.5, 2, 1, torch.bfloat16, True),
     (64, 9, 3, 5, 3.5, 1, torch.float16, True),
     (64, 9, 3, 4.5, 5, 2, torch.bfloat16, True),   # 5-bit codes in the generic kernel
+    (128, 14, 2, 3, 3, 3, torch.float16, True),    # group 7 x 3 tokens: rows and row tiles by SmallDivisor
+    (64, 10, 2, 3, 3, 2, torch.bfloat16, False),   # group 5
 ]
 
 
@@ -210,6 +212,7 @@ PREFILL_CASES = [
     (64, 9, 3, 3.5, 2.5, 40, torch.bfloat16, True),
     (64, 16, 2, 2, 2, 17, torch.float16, True),
     (128, 8, 2, 5, 4.5, 40, torch.float16, True),
+    (128, 12, 2, 3, 3, 30, torch.float16, True),     # group 6: 180 rows
 ]
 
 
