@@ -19,9 +19,11 @@ NVCC = shutil.which("nvcc")
 @pytest.mark.parametrize("source", ["tile_decode_test.cu", "small_divisor_test.cu"])
 def test_host_check_passes(tmp_path, source):
     exe = tmp_path / source.removesuffix(".cu")
-    subprocess.run([NVCC, "-std=c++17", "--expt-relaxed-constexpr", "-O2", "-I", str(ROOT / "plugin_cpp" / "include"),
-                    str(ROOT / "plugin_cpp" / "kernels" / "tests" / source), "-o", str(exe)],
-                   check=True, capture_output=True, text=True)
+    built = subprocess.run([NVCC, "-std=c++17", "--expt-relaxed-constexpr", "-O2",
+                            "-I", str(ROOT / "plugin_cpp" / "include"),
+                            str(ROOT / "plugin_cpp" / "kernels" / "tests" / source), "-o", str(exe)],
+                           capture_output=True, text=True)
+    assert built.returncode == 0, f"nvcc could not compile {source}:\n{built.stderr}"
     done = subprocess.run([str(exe)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip().endswith(": ok")
