@@ -157,19 +157,24 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
   // in one go (the divisions by T happen here, once per 32 tiles). A tile that crosses a block
   // boundary (T not a multiple of kChunk) does so at its half: its second half is slots 0..15 of
   // the next block (chunk indices window_k2, window_v2). The first window is read before the
-  // prologue, which hides its latency (at short contexts the first tiles waited on it).
+  // prologue, which hides its latency (at short contexts the first tiles waited on it). The
+  // entries are read before the split's end is known (the sequence length is still in flight
+  // then; chunk_of keeps every read inside the table) and dropped past it afterwards.
   const int page_tokens = a.cache.tokens;
   int window_k, window_v, window_k2, window_v2, window_slot;
   auto load_window = [&](int i) {
     const int pos = split_begin + (warp + (i + lane) * W) * kChunk;
     const int block = pos / page_tokens;
-    const bool in_split = pos < split_end;
-    window_k = in_split ? chunk_of(a.cache, b, 0, block) : -1;
-    window_v = in_split ? chunk_of(a.cache, b, 1, block) : -1;
     window_slot = pos - block * page_tokens;
-    const bool cross = window_slot + kChunk > page_tokens && pos + kTile < split_end;
-    window_k2 = cross ? chunk_of(a.cache, b, 0, block + 1) : -1;
-    window_v2 = cross ? chunk_of(a.cache, b, 1, block + 1) : -1;
+    const bool crosses = window_slot + kChunk > page_tokens;
+    const int k = chunk_of(a.cache, b, 0, block), v = chunk_of(a.cache, b, 1, block);
+    const int k2 = crosses ? chunk_of(a.cache, b, 0, block + 1) : -1;
+    const int v2 = crosses ? chunk_of(a.cache, b, 1, block + 1) : -1;
+    const bool in_split = pos < split_end, cross = crosses && pos + kTile < split_end;
+    window_k = in_split ? k : -1;
+    window_v = in_split ? v : -1;
+    window_k2 = cross ? k2 : -1;
+    window_v2 = cross ? v2 : -1;
   };
   load_window(0);
   // --- The rotated query rows, fp16 into shared memory; the codebook tables; the rotary mean's
