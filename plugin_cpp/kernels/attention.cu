@@ -63,7 +63,9 @@ constexpr int kRotBytes = kRotTableBytes + TQ_MAX_ROTARY_PAIRS * 8;
 __host__ __device__ constexpr int combine_ld(int D) {
   return D + D / 16 + (D / 16 % 8 == 4 ? 0 : (12 - D / 16 % 8) % 8);
 }
-__host__ __device__ constexpr int combine_at(int D, int row, int dim) { return row * combine_ld(D) + dim + dim / 16; }
+__host__ __device__ constexpr int combine_at(int D, int row, int dim) {
+  return row * combine_ld(D) + dim + dim / 16;
+}
 static_assert(combine_ld(128) % 8 == 4 && combine_ld(64) % 8 == 4);
 
 struct SmemPlan {
