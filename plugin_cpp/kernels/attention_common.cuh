@@ -43,7 +43,6 @@ __host__ __device__ inline int quotient(int x, SmallDivisor s) {
   const int q = int(float(x) * s.inv), r = x - q * s.d;
   return r < 0 ? q - 1 : r >= s.d ? q + 1 : q;
 }
-__host__ __device__ inline int remainder_of(int x, SmallDivisor s) { return x - quotient(x, s) * s.d; }
 
 // Query rows are the q_len x group query vectors that share one KV head: row = token * group +
 // head in group.
@@ -162,8 +161,8 @@ __host__ __device__ inline int rot_col(int i) { return 16 * (i / 8) + i % 8; }
 // Query row r of KV head kvh in sequence b (token r / group of the call, query head
 // kvh * group + r % group): its index among the call's [batch][q_len][num_q_heads] rows.
 __device__ inline int64_t query_row_index(const AttnArgs& a, int b, int kvh, int r) {
-  return (int64_t(b) * a.q_len + quotient(r, a.group)) * a.num_q_heads + kvh * a.group.d +
-         remainder_of(r, a.group);
+  const int token = quotient(r, a.group);
+  return (int64_t(b) * a.q_len + token) * a.num_q_heads + kvh * a.group.d + r - token * a.group.d;
 }
 
 // That row's vector; nullptr for a padding row (r >= rows).
