@@ -58,6 +58,17 @@ def test_library_refuses_unsupported_head_dim():
 
 
 @needs_library
+def test_library_refuses_a_codebook_whose_levels_share_a_grid_step():
+    """The library puts the codebooks it is given on their 8-bit grid itself (FORMAT.md section 1),
+    so a codebook that the reference would refuse is refused there too, with the reason."""
+    codec = VectorCodec(CodecSpec(64, 2))
+    codec.codebooks = [torch.tensor([-1.0, 0.001, 0.002, 1.0], dtype=torch.float64)]
+    lib = kernels.ops.library()
+    assert lib.tq_page_bytes(ctypes.byref(DeviceCodec(codec, 1, "cpu").struct), 64) == -1
+    assert "same step of its 8-bit grid" in lib.tq_last_error().decode()
+
+
+@needs_library
 def test_the_workspace_of_the_largest_call_serves_every_smaller_one():
     """The TensorRT plugin sizes the attention workspace once, for its profile's largest batch,
     chunk and length; a smaller call may split its keys more finely and must still fit. (The split

@@ -120,6 +120,10 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int g4 = lane >> 2, tig = lane & 3;
+  // Kernels of one row tile look the codes up in grid tables (layout.h: three byte permutes per 4
+  // codes instead of four); those of two keep the fp16 levels, whose decode needs no per-row sums:
+  // the sums' registers would make them spill.
+  constexpr bool kGrid = NR == 1;
   // The grid (launch_split_pass): (split, KV head, z = b row_tiles + rt), or with append CTAs one
   // dimension, CTA i = split + splits (kvh + heads z), then from append_cta0 on one per sequence
   // and KV head (q_len 1: z = b).
@@ -226,7 +230,7 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
 #pragma unroll
     for (int e = 0; e < E; ++e) q_s[(warp + W * k) * (D + 8) + lane * E + e] = __float2half_rn(x[k % kBatch][e]);
   }
-  fill_byte_tables(tables, a.cache);
+  fill_byte_tables(tables, a.cache, kGrid);
   if (rot_steps)
 #pragma unroll
     for (int nr = 0; nr < NR; ++nr)
@@ -259,6 +263,26 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
         qb[g * KSTEPS + st][nr][1] = pack_half2(q[c[2]], q[c[3]]);
       }
     }
+  // With kGrid the codes decode to kGridBias + i on the codebooks' grids (layout.h). A key's
+  // products then hold kGridBias times the row's coordinate sum of each group: key_bias[g][nr][j]
+  // is minus that for row 8nr + 2tig + j, from the same fp16 query values on the same mma (two
+  // chains), and key_step[g] turns grid units into levels.
+  float key_bias[KG][NR][2] = {}, key_step[KG];
+#pragma unroll
+  for (int g = 0; g < KG; ++g) {
+    key_step[g] = kGrid ? kc.grid_step[g] : 1.0f;
+    const uint32_t minus_bias = pack_half2(__float2half_rn(-kGridBias), __float2half_rn(-kGridBias));
+    const uint32_t af[4] = {minus_bias, minus_bias, minus_bias, minus_bias};
+#pragma unroll
+    for (int nr = 0; kGrid && nr < NR; ++nr) {
+      float sum[2][4] = {};
+#pragma unroll
+      for (int st = 0; st < KSTEPS; ++st)
+        mma_16816(sum[st & 1], af, qb[g * KSTEPS + st][nr][0], qb[g * KSTEPS + st][nr][1]);
+      key_bias[g][nr][0] = sum[0][0] + sum[1][0];
+      key_bias[g][nr][1] = sum[0][1] + sum[1][1];
+    }
+  }
 
   __half* rot_e = q_s;  // the rotary tables replace the query rows, now in registers
   float2* rot_turn = reinterpret_cast<float2*>(smem + plan.q_half + kRotTableBytes);
@@ -288,6 +312,11 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int nr = 0; nr < NR; ++nr) o[mt][nr][0] = o[mt][nr][1] = o[mt][nr][2] = o[mt][nr][3] = 0.0f;
+  // With kGrid each group's value products hold kGridBias times the sum of the fp16 weights
+  // (probability x value norm) that the mma used: p_sum[g] accumulates that sum on the same mma (an
+  // A of ones), and the epilogue takes kGridBias times it away.
+  float p_sum[VG][NR][4] = {};
+  const uint32_t ones[4] = {0x3c003c00u, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u};
   float m_run[NR][2], l_run[NR][2];
 #pragma unroll
   for (int nr = 0; nr < NR; ++nr) m_run[nr][0] = m_run[nr][1] = -INFINITY, l_run[nr][0] = l_run[nr][1] = 0.0f;
@@ -359,7 +388,7 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
           for (int t = 0; t < 2; ++t) {
             CodeRun<BITS, KCNT> run;
             run.load(kt_s, kt.group[g], kTile * h + g4 + 8 * t, tig);
-            decode_pairs(run, table, ka[t]);
+            decode_pairs<kGrid>(run, table, ka[t]);
           }
 #pragma unroll
           for (int st = 0; st < KSTEPS; ++st) {
@@ -369,13 +398,14 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
               mma_16816(sg[nr][st & 1], af, qb[g * KSTEPS + st][nr][0], qb[g * KSTEPS + st][nr][1]);
           }
         });
-        const float n0 = tile_norm(kt_s, kt, g, kTile * h + g4), n1 = tile_norm(kt_s, kt, g, kTile * h + g4 + 8);
+        const float n0 = tile_norm(kt_s, kt, g, kTile * h + g4) * key_step[g];
+        const float n1 = tile_norm(kt_s, kt, g, kTile * h + g4 + 8) * key_step[g];
 #pragma unroll
         for (int nr = 0; nr < NR; ++nr) {
-          s[h][nr][0] += (sg[nr][0][0] + sg[nr][1][0]) * n0;
-          s[h][nr][1] += (sg[nr][0][1] + sg[nr][1][1]) * n0;
-          s[h][nr][2] += (sg[nr][0][2] + sg[nr][1][2]) * n1;
-          s[h][nr][3] += (sg[nr][0][3] + sg[nr][1][3]) * n1;
+          s[h][nr][0] += (sg[nr][0][0] + sg[nr][1][0] + key_bias[g][nr][0]) * n0;
+          s[h][nr][1] += (sg[nr][0][1] + sg[nr][1][1] + key_bias[g][nr][1]) * n0;
+          s[h][nr][2] += (sg[nr][0][2] + sg[nr][1][2] + key_bias[g][nr][0]) * n1;
+          s[h][nr][3] += (sg[nr][0][3] + sg[nr][1][3] + key_bias[g][nr][1]) * n1;
         }
       }
     if (rot_steps) {  // the rotary mean's term, then w turned to the warp's next tile
@@ -443,11 +473,14 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
     // Once the running maxima settle they rarely move: skip the rescale when no row's did.
     if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+      for (int nr = 0; nr < NR; ++nr)
 #pragma unroll
-        for (int nr = 0; nr < NR; ++nr)
+        for (int e = 0; e < 4; ++e) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) o[mt][nr][e] *= alpha[nr][e & 1];
+          for (int mt = 0; mt < MT; ++mt) o[mt][nr][e] *= alpha[nr][e & 1];
+#pragma unroll
+          for (int g = 0; kGrid && g < VG; ++g) p_sum[g][nr][e] *= alpha[nr][e & 1];
+        }
     }
 
     // O^T += V^T P^T per half h. The probabilities times their tokens' value norms, fp16, are two
@@ -486,7 +519,7 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
             CodeRun<BITS, VCNT> ra, rb;
             ra.load(vt_s, vt.group[g], kTile * h + 2 * tig + 8 * t, g4);
             rb.load(vt_s, vt.group[g], kTile * h + 2 * tig + 8 * t + 1, g4);
-            decode_token_pairs(ra, rb, table, vp[t]);
+            decode_token_pairs<kGrid>(ra, rb, table, vp[t]);
           }
 #pragma unroll
           for (int i = 0; i < VCNT / 2; ++i) {
@@ -496,6 +529,9 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
               mma_16816(o[g * (VCNT / 2) + i][nr], af, pb[nr][0], pb[nr][1]);
           }
         });
+        // after the decode, which hides the transposes' latency
+#pragma unroll
+        for (int nr = 0; kGrid && nr < NR; ++nr) mma_16816(p_sum[g][nr], ones, pb[nr][0], pb[nr][1]);
       }
     }
     __syncwarp();
@@ -523,7 +559,8 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
       const int dim = g * (D / VG) + g4 * VCNT + run_slot_coord(vt.group[g].bits, VCNT, 2 * i + (e >> 1));
 #pragma unroll
       for (int nr = 0; nr < NR; ++nr)
-        o_s[combine_at(D, warp * kRows + 8 * nr + 2 * tig + (e & 1), dim)] = o[mt][nr][e];
+        o_s[combine_at(D, warp * kRows + 8 * nr + 2 * tig + (e & 1), dim)] =
+            kGrid ? (o[mt][nr][e] - kGridBias * p_sum[g][nr][e]) * a.cache.codec[1].grid_step[g] : o[mt][nr][e];
     }
   }
   if (g4 == 0) {

@@ -1,6 +1,8 @@
 // layout.cpp: validation of tq_codec and the page offsets of FORMAT.md section 5.
 #include "layout.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "errors.h"
@@ -40,14 +42,25 @@ tq_status make_layout(const tq_codec* codec, int tokens, const char* what, Codec
       return fail(TQ_ERR_UNSUPPORTED_BITS, "%s fractional width needs group bits {b+1, b}, got "
                   "{%d, %d}", what, codec->group_bits[0], codec->group_bits[1]);
     const int levels = 1 << b;
+    const float* c = codec->codebook[g];
+    for (int k = 0; k < levels; ++k)
+      if (!std::isfinite(c[k]) || (k > 0 && !(c[k] > c[k - 1])))
+        return fail(TQ_ERR_INVALID_ARGUMENT, "%s group %d codebook is not finite and strictly "
+                    "ascending at entry %d", what, g, k);
+    // FORMAT.md section 1: the levels as read, on the 8-bit grid of the largest magnitude m.
+    const double m = std::max(std::fabs(double(c[0])), std::fabs(double(c[levels - 1])));
+    l.grid_step[g] = static_cast<float>(m / 127.0);
     for (int k = 0; k < levels; ++k) {
-      l.codebook[g][k] = codec->codebook[g][k];
-      if (k > 0 && !(codec->codebook[g][k] > codec->codebook[g][k - 1]))
-        return fail(TQ_ERR_INVALID_ARGUMENT, "%s group %d codebook is not strictly ascending at "
-                    "entry %d", what, g, k);
+      const double i = std::nearbyint(double(c[k]) * 127.0 / m);
+      l.codebook[g][k] = static_cast<float>(i * m / 127.0);
+      l.grid_low[g][k / 4] |= uint32_t(int(i) + 128) << (8 * (k % 4));
+      if (k > 0 && !(l.codebook[g][k] > l.codebook[g][k - 1]))
+        return fail(TQ_ERR_INVALID_ARGUMENT, "%s group %d codebook entries %d and %d fall on the "
+                    "same step of its 8-bit grid (FORMAT.md section 1); its levels are too close",
+                    what, g, k - 1, k);
       if (k > 0)
         l.boundary[g][k - 1] =
-            static_cast<float>((double(codec->codebook[g][k - 1]) + double(codec->codebook[g][k])) / 2.0);
+            static_cast<float>((double(l.codebook[g][k - 1]) + double(l.codebook[g][k])) / 2.0);
     }
   }
   static_cast<PageShape&>(l) =

@@ -65,9 +65,19 @@ __host__ __device__ constexpr PageShape page_shape(int head_dim, int num_groups,
   return p;
 }
 
+// FORMAT.md section 1: a group's levels are i_k * grid_step with |i_k| <= 127 (make_layout puts
+// them there). Look-up tables may hold them as the fp16 values kGridBias + i_k instead: all lie in
+// [1025, 1279], where fp16 steps by 1, so all share the high byte 0x64 (kGridHiBytes) and only the
+// low bytes, i_k + 128, need looking up (tile_decode.cuh, kFixedHi). The reader takes kGridBias
+// away and multiplies by grid_step.
+constexpr float kGridBias = 1152.0f;
+constexpr uint32_t kGridHiBytes = 0x64646464u;
+
 struct CodecLayout : PageShape {
   int head_dim;
   float codebook[TQ_MAX_GROUPS][1 << TQ_MAX_BITS];
+  float grid_step[TQ_MAX_GROUPS];
+  uint32_t grid_low[TQ_MAX_GROUPS][(1 << TQ_MAX_BITS) / 4];  // the bytes i_k + 128, four per word
   float boundary[TQ_MAX_GROUPS][(1 << TQ_MAX_BITS) - 1];  // decision boundaries (c_k + c_{k+1}) / 2, computed in double
   uint32_t seed;
   const int32_t* perm;  // device [H][D] or null

@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(32 * kPrefillWarps, kPrefillCtasPerSm) prefill
       rot_q[blocked<kRotCols>(rr, rot_col(i))] = __float2half_rn(z.x);
       rot_q[blocked<kRotCols>(rr, rot_col(i) + 8)] = __float2half_rn(-z.y);
     }
-  fill_byte_tables(tables, a.cache);
+  fill_byte_tables(tables, a.cache, false);
   __syncthreads();  // the first decode reads the tables (the query rows wait for the loop's barrier)
 
   // This thread's rows: warpgroup wg's m64 tile mt, half h (accumulator row g4 + 8h of its warp),

@@ -4,9 +4,10 @@
 // part * CNT: it loads the run's raw plane words (CodeRun::load), turns them into look-up
 // selectors (slot_words), then into fp16 centroid pairs with register look-up tables
 // (decode_pairs: pairs of one token; decode_token_pairs: pairs of two tokens): one byte permute
-// per code plus, per 16 codes, a few masks and shifts (the format's high-plane order makes the
-// 3-bit selectors with masks, FORMAT.md section 3). 4- and 5-bit codes take about two and three
-// times those permutes, and a few selections: they serve the few layers the allocator makes wide.
+// per code, three per four with grid tables (kFixedHi, layout.h), plus, per 16 codes, a few masks
+// and shifts (the format's high-plane order makes the 3-bit selectors with masks, FORMAT.md
+// section 3). 4- and 5-bit codes take about two and three times those permutes, and a few
+// selections: they serve the few layers the allocator makes wide.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -116,24 +117,25 @@ __host__ __device__ inline uint32_t lookup_bytes16(uint32_t sel, const uint32_t*
 }
 
 // Centroids of the codes in the 4 low nibbles of `sel`, as fp16 pairs (code0, code1), (code2, code3).
-// 5-bit codes: `top` holds the codes' bit 4 at bit 0 of the same nibbles.
-template <int BITS>
+// 5-bit codes: `top` holds the codes' bit 4 at bit 0 of the same nibbles. kFixedHi: grid tables.
+template <int BITS, bool kFixedHi = false>
 __host__ __device__ inline void lookup4(uint32_t sel, const CodeTables<BITS>& ct, uint32_t& v01,
                                         uint32_t& v23, uint32_t top = 0) {
   const ByteTables& t = ct.part[0];
-  uint32_t lo, hi;
-  if constexpr (BITS == 5) {
-    const ByteTables& u = ct.part[1];
-    const uint32_t upper = nibble_bit_mask(top, 0);  // 0xff: code >= 16
-    lo = (lookup_bytes16(sel, t.lo) & ~upper) | (lookup_bytes16(sel, u.lo) & upper);
-    hi = (lookup_bytes16(sel, t.hi) & ~upper) | (lookup_bytes16(sel, u.hi) & upper);
-  } else if constexpr (BITS == 4) {
-    lo = lookup_bytes16(sel, t.lo);
-    hi = lookup_bytes16(sel, t.hi);
-  } else {
-    lo = byte_perm(t.lo[0], t.lo[1], sel);
-    hi = byte_perm(t.hi[0], t.hi[1], sel);
-  }
+  // The 4 codes' bytes from one byte plane (lo or hi) of the tables.
+  auto plane = [&](const uint32_t* p0, const uint32_t* p1) {
+    if constexpr (BITS == 5) {
+      const uint32_t upper = nibble_bit_mask(top, 0);  // 0xff: code >= 16
+      return (lookup_bytes16(sel, p0) & ~upper) | (lookup_bytes16(sel, p1) & upper);
+    } else if constexpr (BITS == 4) {
+      return lookup_bytes16(sel, p0);
+    } else {
+      return byte_perm(p0[0], p0[1], sel);
+    }
+  };
+  const ByteTables& u = ct.part[BITS == 5 ? 1 : 0];
+  const uint32_t lo = plane(t.lo, u.lo);
+  const uint32_t hi = kFixedHi ? kGridHiBytes : plane(t.hi, u.hi);
   v01 = byte_perm(lo, hi, 0x5140u);
   v23 = byte_perm(lo, hi, 0x7362u);
 }
@@ -205,7 +207,7 @@ __host__ __device__ inline void top_words(const CodeRun<BITS, CNT>& run, uint32_
 }
 
 // The run's CNT centroids as CNT / 2 fp16 pairs: out[j] holds slots 2j and 2j + 1.
-template <int BITS, int CNT>
+template <bool kFixedHi = false, int BITS, int CNT>
 __host__ __device__ inline void decode_pairs(const CodeRun<BITS, CNT>& run, const CodeTables<BITS>& t,
                                              uint32_t (&out)[CNT / 2]) {
   uint32_t w[(CNT + 7) / 8], top[(CNT + 7) / 8];
@@ -213,7 +215,7 @@ __host__ __device__ inline void decode_pairs(const CodeRun<BITS, CNT>& run, cons
   top_words(run, top);
 #pragma unroll
   for (int q = 0; q < CNT / 4; ++q)
-    lookup4<BITS>(w[q / 2] >> (16 * (q % 2)), t, out[2 * q], out[2 * q + 1], top[q / 2] >> (16 * (q % 2)));
+    lookup4<BITS, kFixedHi>(w[q / 2] >> (16 * (q % 2)), t, out[2 * q], out[2 * q + 1], top[q / 2] >> (16 * (q % 2)));
 }
 
 // Nibbles of slots 8i + 0, 2, 4, 6 (interleave_even) or 8i + 1, 3, 5, 7 (interleave_odd) of two
@@ -229,7 +231,7 @@ __host__ __device__ inline uint32_t interleave_odd(uint32_t a, uint32_t b) {
 // of token a (low half) and of token b (high half). The two tokens' selector words are
 // interleaved nibble by nibble before the look-ups, so the pairs come straight out of them
 // (4 logic instructions per 16 codes instead of a pairing permute per 2).
-template <int BITS, int CNT>
+template <bool kFixedHi = false, int BITS, int CNT>
 __host__ __device__ inline void decode_token_pairs(const CodeRun<BITS, CNT>& a,
                                                    const CodeRun<BITS, CNT>& b, const CodeTables<BITS>& t,
                                                    uint32_t (&out)[CNT]) {
@@ -243,11 +245,11 @@ __host__ __device__ inline void decode_token_pairs(const CodeRun<BITS, CNT>& a,
     const uint32_t ev = interleave_even(wa[i], wb[i]), od = interleave_odd(wa[i], wb[i]);
     const uint32_t tev = interleave_even(ta[i], tb[i]), tod = interleave_odd(ta[i], tb[i]);
     uint32_t* o = out + 8 * i;
-    lookup4<BITS>(ev, t, o[0], o[2], tev);
-    lookup4<BITS>(od, t, o[1], o[3], tod);
+    lookup4<BITS, kFixedHi>(ev, t, o[0], o[2], tev);
+    lookup4<BITS, kFixedHi>(od, t, o[1], o[3], tod);
     if constexpr (CNT >= 8) {
-      lookup4<BITS>(ev >> 16, t, o[4], o[6], tev >> 16);
-      lookup4<BITS>(od >> 16, t, o[5], o[7], tod >> 16);
+      lookup4<BITS, kFixedHi>(ev >> 16, t, o[4], o[6], tev >> 16);
+      lookup4<BITS, kFixedHi>(od >> 16, t, o[5], o[7], tod >> 16);
     }
   }
 }

@@ -86,5 +86,15 @@ def mse_per_coordinate(dim: int, bits: int, kind: str = "exact") -> float:
     return float(1.0 / dim - np.sum(mass * c * c))
 
 
-def decision_boundaries(centroids: np.ndarray) -> np.ndarray:
-    return (centroids[1:] + centroids[:-1]) / 2.0
+def on_grid(centroids) -> np.ndarray:
+    """The levels every reader and writer uses (FORMAT.md section 1, "the 8-bit grid"): in float32,
+    each moved to the nearest multiple of m / 127, m the largest magnitude. The CUDA kernels
+    (layout.cpp) compute the same float64 expressions, so both sides hold identical levels, and a
+    codebook already on its grid stays as it is."""
+    c = np.asarray(centroids, dtype=np.float32).astype(np.float64)
+    m = max(abs(c[0]), abs(c[-1]))
+    levels = (np.rint(c * 127.0 / m) * m / 127.0).astype(np.float32).astype(np.float64)
+    if not (levels[1:] > levels[:-1]).all():
+        raise TQError("two codebook levels fall on the same step of the 8-bit grid (FORMAT.md "
+                      "section 1): its levels are too close together")
+    return levels

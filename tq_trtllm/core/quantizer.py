@@ -9,9 +9,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from .codebook import lloyd_max
+from .codebook import lloyd_max, on_grid
 from .errors import TQError
 from .rotary_mean import RotaryMean
 from .rotation import dense_rotation, fwht, rotation_signs
@@ -87,10 +88,11 @@ class VectorCodec:
         self.perm = self._permutation(outliers)
         if codebooks is None:
             codebooks = [lloyd_max(g.dim, g.bits, codebook_kind) for g in spec.groups]
-        self.codebooks = [torch.tensor(c, dtype=torch.float64) for c in codebooks]
-        for g, c in zip(spec.groups, self.codebooks):
-            if c.numel() != 2**g.bits or not (c[1:] > c[:-1]).all():
-                raise TQError(f"a {g.bits}-bit codebook needs {2**g.bits} ascending centroids")
+        for g, c in zip(spec.groups, codebooks):
+            c = np.asarray(c, dtype=np.float64)
+            if c.size != 2**g.bits or not np.isfinite(c).all() or not (c[1:] > c[:-1]).all():
+                raise TQError(f"a {g.bits}-bit codebook needs {2**g.bits} finite ascending centroids")
+        self.codebooks = [torch.tensor(on_grid(c), dtype=torch.float64) for c in codebooks]
         self.signs = rotation_signs(seed, d).to(torch.float64)
         self.dense = [dense_rotation(seed + i, g.dim) for i, g in enumerate(spec.groups)] \
             if rotation == "dense" else None

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 
 from .errors import TQError
 
-FORMAT_VERSION = 3
-# Version 3 added the 4.5- and 5-bit widths; version 2's bytes are version 3's, so both are read.
-READABLE_FORMAT_VERSIONS = (2, 3)
+FORMAT_VERSION = 4
+# Version 3 added the 4.5- and 5-bit widths; version 2's bytes are version 3's. Version 4 puts the
+# codebooks' levels on an 8-bit grid, which a reader applies to the codebooks of older tables too.
+READABLE_FORMAT_VERSIONS = (2, 3, 4)
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 SUPPORTED_WIDTHS = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0)
 NORM_BYTES = 2  # one fp16 norm per group and token

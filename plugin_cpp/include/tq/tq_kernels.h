@@ -26,8 +26,10 @@
 extern "C" {
 #endif
 
-#define TQ_FORMAT_VERSION 3
-#define TQ_OLDEST_READABLE_FORMAT_VERSION 2 /* version 3 only added widths: version 2 reads as 3 */
+#define TQ_FORMAT_VERSION 4
+/* Version 3 only added widths; version 4 puts the codebooks' levels on an 8-bit grid, which the
+   library applies to the codebooks it is given, of any version's tables. */
+#define TQ_OLDEST_READABLE_FORMAT_VERSION 2
 /* Whether this library reads packed format version v (tq_check_format_version explains a refusal). */
 #define TQ_READS_FORMAT_VERSION(v) ((v) >= TQ_OLDEST_READABLE_FORMAT_VERSION && (v) <= TQ_FORMAT_VERSION)
 #define TQ_MAX_BITS 5

@@ -1,5 +1,6 @@
 // Host-side check of tile_decode.cuh: decode_pairs and decode_token_pairs (register look-up tables)
-// give, in run_slot_coord order, the centroid of every code that CodeRun::code extracts. Runs on the CPU
+// give, in run_slot_coord order, the centroid of every code that CodeRun::code extracts; with grid
+// tables (fp16 kGridBias + i) also when they look up only the low bytes (kFixedHi). Runs on the CPU
 // (byte_perm has a host form), so CI checks the bit tricks without a GPU.
 #include <cstdio>
 #include <cstdlib>
@@ -17,8 +18,8 @@ uint16_t half_bits(float x) {
   return b;
 }
 
-template <int BITS, int CNT>
-int check(unsigned seed) {
+template <int BITS, int CNT, bool GRID>
+int check_run(unsigned seed) {
   // A 16-token tile of one group of 4 * CNT or 8 * CNT coordinates: take n = 8 * CNT (any part).
   constexpr int n = 8 * CNT;
   tq::GroupLayout g{};
@@ -35,7 +36,8 @@ int check(unsigned seed) {
   tq::ByteTables parts[2]{};  // entries 0..15, then 16..31 (code_tables of codebook 0)
   uint16_t centroid[1 << TQ_MAX_BITS];
   for (int k = 0; k < (1 << TQ_MAX_BITS); ++k) {
-    centroid[k] = half_bits(0.002f * float(k * k) - 0.7f + 0.001f * float(rand() % 100));
+    centroid[k] = GRID ? half_bits(tq::kGridBias - 127.0f + float(8 * k + rand() % 4))  // |i| <= 127
+                       : half_bits(0.002f * float(k * k) - 0.7f + 0.001f * float(rand() % 100));
     parts[k / 16].lo[k % 16 / 4] |= uint32_t(centroid[k] & 0xff) << (8 * (k % 4));
     parts[k / 16].hi[k % 16 / 4] |= uint32_t(centroid[k] >> 8) << (8 * (k % 4));
   }
@@ -46,7 +48,7 @@ int check(unsigned seed) {
       tq::CodeRun<BITS, CNT> run;
       run.load(tile.data(), g, row, part);
       uint32_t pairs[CNT / 2];
-      tq::decode_pairs(run, t, pairs);
+      tq::decode_pairs<GRID>(run, t, pairs);
       for (int k = 0; k < CNT; ++k) {
         const int i = tq::run_slot_coord(BITS, CNT, k);
         const uint16_t got = uint16_t(pairs[k / 2] >> (16 * (k % 2)));
@@ -68,15 +70,20 @@ int check(unsigned seed) {
       tq::CodeRun<BITS, CNT> next;
       next.load(tile.data(), g, (row + 1) % 16, part);
       uint32_t two[CNT];
-      tq::decode_token_pairs(run, next, t, two);
+      tq::decode_token_pairs<GRID>(run, next, t, two);
       for (int k = 0; k < CNT; ++k) {
         const int i = tq::run_slot_coord(BITS, CNT, k);
         if (uint16_t(two[k]) != centroid[run.code(i)] || uint16_t(two[k] >> 16) != centroid[next.code(i)])
           ++bad;
       }
     }
-  if (bad) std::printf("FAIL bits %d run %d: %d wrong centroids\n", BITS, CNT, bad);
+  if (bad) std::printf("FAIL bits %d run %d grid %d: %d wrong centroids\n", BITS, CNT, int(GRID), bad);
   return bad;
+}
+
+template <int BITS, int CNT>
+int check(unsigned seed) {
+  return check_run<BITS, CNT, false>(seed) + check_run<BITS, CNT, true>(seed);
 }
 
 }  // namespace
