@@ -6,10 +6,12 @@ import ctypes
 import re
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
 from tq_trtllm.calibration.table import LayerTable
+from tq_trtllm.core.codebook import lloyd_max, on_grid
 from tq_trtllm.core.errors import TQError
 from tq_trtllm.core.packing import PageLayout
 from tq_trtllm.core.quantizer import VectorCodec
@@ -55,6 +57,31 @@ def test_library_page_bytes_equal_the_reference(width, head_dim):
 def test_library_refuses_unsupported_head_dim():
     with pytest.raises(TQError, match="head_dim 256"):
         kernels.page_bytes(VectorCodec(CodecSpec(256, 3)), 64)
+
+
+@needs_library
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("width", SUPPORTED_WIDTHS)
+def test_library_levels_are_the_references_to_the_bit(width, head_dim, gen):
+    """FORMAT.md section 1's 8-bit grid, computed by the library (tq_codebook_levels) and by the
+    reference (on_grid) from the same unrounded codebooks: the analytic ones and random ascending
+    ones such as refined codebooks could be, off-centre."""
+    lib = kernels.ops.library()
+    codec = VectorCodec(CodecSpec(head_dim, width))
+    groups = codec.spec.groups
+    analytic = [lloyd_max(g.dim, g.bits) for g in groups]
+    steps = [torch.rand(2**g.bits, generator=gen, dtype=torch.float64) + 0.5 for g in groups]
+    random = [(s.cumsum(0) / s.sum() - 0.3).numpy() * 0.4 for s in steps]
+    for books in (analytic, random):
+        codec.codebooks = [torch.tensor(b) for b in books]  # unrounded: the library rounds them
+        struct = DeviceCodec(codec, 1, "cpu").struct
+        for i, book in enumerate(books):
+            out = (ctypes.c_float * len(book))()
+            assert lib.tq_codebook_levels(ctypes.byref(struct), i, out) == 0, lib.tq_last_error()
+            assert np.array_equal(np.array(out, dtype=np.float64), on_grid(book))
+    out = (ctypes.c_float * 32)()
+    assert lib.tq_codebook_levels(ctypes.byref(struct), len(groups), out) != 0
+    assert f"group {len(groups)} of a codec" in lib.tq_last_error().decode()
 
 
 @needs_library

@@ -103,3 +103,14 @@ extern "C" int64_t tq_page_bytes(const tq_codec* codec, int32_t tokens_per_block
   if (tq::make_layout(codec, tokens_per_block, "page", &l) != TQ_OK) return -1;
   return l.page_bytes;
 }
+
+extern "C" tq_status tq_codebook_levels(const tq_codec* codec, int32_t group, float* levels) {
+  tq::CodecLayout l;
+  TQ_TRY(tq::make_layout(codec, 16, "codebook", &l));
+  if (!levels) return tq::fail(TQ_ERR_NULL_POINTER, "tq_codebook_levels: levels is NULL");
+  if (group < 0 || group >= l.num_groups)
+    return tq::fail(TQ_ERR_INVALID_ARGUMENT, "tq_codebook_levels: group %d of a codec with %d "
+                    "group(s)", group, l.num_groups);
+  for (int k = 0; k < (1 << l.group[group].bits); ++k) levels[k] = l.codebook[group][k];
+  return TQ_OK;
+}

@@ -88,6 +88,7 @@ _SIGNATURES = {
     "tq_last_error": (ctypes.c_char_p, []),
     "tq_check_format_version": (ctypes.c_int, [_I32]),
     "tq_page_bytes": (ctypes.c_int64, [ctypes.POINTER(TqCodec), _I32]),
+    "tq_codebook_levels": (ctypes.c_int, [ctypes.POINTER(TqCodec), _I32, ctypes.POINTER(ctypes.c_float)]),
     "tq_quantize_append": (ctypes.c_int, [ctypes.POINTER(TqPagedCache), _P, _P, ctypes.c_int64,
                                           ctypes.c_int, _P, _P, _I32, _I32, _P]),
     "tq_attention_workspace_bytes": (ctypes.c_size_t, [_I32, _I32, _I32, _I32, _I32, _I32]),

@@ -113,6 +113,10 @@ typedef struct tq_paged_cache {
 /* Bytes of one page of `codec` holding `tokens_per_block` tokens; -1 (with a message) if invalid. */
 int64_t tq_page_bytes(const tq_codec* codec, int32_t tokens_per_block);
 
+/* The 2^group_bits[group] levels that this library quantizes group `group` of `codec` to and decodes
+ * it with: its codebook on the 8-bit grid (FORMAT.md section 1), into `levels`. Needs no GPU. */
+tq_status tq_codebook_levels(const tq_codec* codec, int32_t group, float* levels);
+
 /* Quantize and write `num_tokens` new K and V rows (already rotary-embedded).
  * k, v: [num_tokens][num_kv_heads][head_dim] with row stride `token_stride` elements between
  * tokens (heads contiguous), in `dtype`, 4-byte aligned.
