@@ -4,15 +4,15 @@
 // Query rows are the q_len x group query vectors that share one KV head (row = token * group +
 // head in group), so every KV byte loaded serves the whole GQA group. The rows are rotated once
 // into the keys' domain (FORMAT.md "Attention never needs step 5"), softmax scale and log2(e)
-// folded in, and held in registers as fp16 mma B fragments. Each warp streams 32-token tiles of
-// the split (cp.async into shared memory, kStages deep), decodes codes to fp16 centroids in
-// registers with byte-permute look-up tables (tile_decode.cuh), and computes the transposed
-// products S^T = K Q^T and O^T += V^T P^T on tensor cores, 16 tokens per mma, with one online
-// softmax step in base 2 per 32 tokens: tokens and value dims are the mma's M (16), query rows its
-// N (8 per row tile), so a decode step of up to 8 rows (GQA group x q_len) wastes no tensor-core
-// rows, and the decoded codes, as A fragments, serve every row tile. Norms multiply the scores
-// (keys) and the probabilities (values), so centroids are decoded unscaled. The warps' states
-// are combined and written as one partial state per split.
+// folded in, and held in registers as mma B fragments (fp16, or 8-bit hi + lo against 8-bit key
+// levels). Each warp streams 32-token tiles of the split (cp.async into shared memory, kStages
+// deep), decodes codes to levels in registers with byte-permute look-up tables (tile_decode.cuh),
+// and computes the transposed products S^T = K Q^T and O^T += V^T P^T on tensor cores, 16 tokens
+// per mma, with one online softmax step in base 2 per 32 tokens: tokens and value dims are the
+// mma's M (16), query rows its N (8 per row tile), so a decode step of up to 8 rows (GQA group x
+// q_len) wastes no tensor-core rows, and the decoded codes, as A fragments, serve every row tile.
+// Norms multiply the scores (keys) and the probabilities (values), so centroids are decoded
+// unscaled. The warps' states are combined and written as one partial state per split.
 // The fused append (tq_decode_attention_append) encodes the call's new keys and values: a one-token
 // step's in CTAs of its own, beside the splits or in the merge pass (AttnArgs::append_cta0), a
 // longer step's in the splits that hold the new positions, before they read them.
@@ -113,6 +113,39 @@ __device__ inline void encode_new_rows(const AttnArgs& a, int b, int kvh, int L,
   }
 }
 
+// A rotated query row (the warp holds it: lane l has channels E l .. E l + E - 1) as 8-bit hi + lo
+// for the 8-bit key products: q = u (254 hi + lo) to within u / 2, u the row's largest magnitude
+// over 127 x 254 (about 15 bits of it). Written to a query-row slot of 2 (D + 8) bytes: hi bytes
+// [0, D), lo bytes [D, 2D), each coordinate at the run slot its key code decodes to (decode_bytes:
+// a fragment's 4 coordinates are one word), u at byte 2D; u is NaN where the row holds a NaN or
+// Inf, so that the row's outputs are NaN as on the fp16 path.
+template <int D, int KG>
+__device__ inline void store_query_bytes(uint8_t* row, const float (&x)[D / 32], const PageShape& kt) {
+  constexpr int E = D / 32, KCNT = D / KG / 4;
+  const int lane = threadIdx.x & 31;
+  float mx = 0.0f;
+  bool finite = true;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    mx = fmaxf(mx, fabsf(x[e]));
+    finite &= isfinite(x[e]);
+  }
+  finite = __all_sync(0xffffffffu, finite);
+#pragma unroll
+  for (int s = 16; s >= 1; s /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, s));
+  // __fdividef: no IEEE division, whose slow path (a call) every padding row (mx = 0) would take
+  const float to_units = mx > 0.0f ? __fdividef(127.0f, mx) : 0.0f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const int c = lane * E + e, g = c / (D / KG), run = c % (D / KG);
+    const int at = g * (D / KG) + run - run % KCNT + run_coord_slot(kt.group[g].bits, KCNT, run % KCNT);
+    const float v = x[e] * to_units, h = rintf(v);  // |v| <= 127, |v - h| <= 1/2
+    row[at] = uint8_t(int(h));
+    row[D + at] = uint8_t(int(rintf((v - h) * 254.0f)));
+  }
+  if (lane == 0) *reinterpret_cast<float*>(row + 2 * D) = finite ? mx * (1.0f / (127.0f * 254.0f)) : NAN;
+}
+
 // KG, VG: groups of the key and value codecs; KB, VB: their group-0 bits, or 0 for any width of at
 // most MAXB bits. NR: query-row n tiles (8 rows each) of the transposed products; W: warps.
 template <int D, int KG, int VG, int KB, int VB, int MAXB, int NR, int W, typename T>
@@ -120,9 +153,10 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int g4 = lane >> 2, tig = lane & 3;
-  // Kernels of one row tile look the codes up in grid tables (layout.h: three byte permutes per 4
-  // codes instead of four); those of two keep the fp16 levels, whose decode needs no per-row sums:
-  // the sums' registers would make them spill.
+  // Kernels of one row tile look the codes up in grid tables (layout.h): the keys as signed 8-bit
+  // levels for the 8-bit mma (one byte permute per 4 codes), the values as fp16 kGridBias + i
+  // (three per 4 codes instead of four). Those of two row tiles keep the fp16 levels, whose decode
+  // needs no per-row sums: the sums' registers would make them spill.
   constexpr bool kGrid = NR == 1;
   // The grid (launch_split_pass): (split, KV head, z = b row_tiles + rt), or with append CTAs one
   // dimension, CTA i = split + splits (kvh + heads z), then from append_cta0 on one per sequence
@@ -227,8 +261,11 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
       for (int l = 0; l < kBatch; ++l) load_query_row<D, T>(a, b, kvh, row0 + warp + W * (k + l), lr, x[l]);
     // Padding rows (a one-token step fills 4 of 8 at a GQA group of 4) load as zeros and stay so.
     if (row0 + warp + W * k < a.rows) rotate_query_row<D, KG>(a, lr, x[k % kBatch]);
+    if constexpr (kGrid)
+      store_query_bytes<D, KG>(reinterpret_cast<uint8_t*>(q_s + (warp + W * k) * (D + 8)), x[k % kBatch], kt);
+    else
 #pragma unroll
-    for (int e = 0; e < E; ++e) q_s[(warp + W * k) * (D + 8) + lane * E + e] = __float2half_rn(x[k % kBatch][e]);
+      for (int e = 0; e < E; ++e) q_s[(warp + W * k) * (D + 8) + lane * E + e] = __float2half_rn(x[k % kBatch][e]);
   }
   fill_byte_tables(tables, a.cache, kGrid);
   if (rot_steps)
@@ -244,45 +281,49 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
   // Query B fragments, held in registers for the whole loop. In k step st of group g, this
   // thread's k columns (2tig, 2tig+1, 2tig+8, 2tig+9) are the coordinates that its A-fragment
   // partners decode into run slots 4st .. 4st+3 of run tig (see decode_pairs); its n column is
-  // row g4 of each row tile.
-  constexpr int KCNT = D / KG / 4;          // key coordinates per thread per token and group
-  constexpr int KSTEPS = KCNT / 4;          // mma k steps per group
-  uint32_t qb[KG * KSTEPS][NR][2];
+  // row g4 of each row tile. With kGrid (8-bit keys) step st spans 32 k: columns 4tig .. 4tig+3
+  // and 4tig+16 .. 4tig+19 are run slots 8st .. 8st+7 (decode_bytes; store_query_bytes put them
+  // there), the 8-bit hi parts in qb, the lo parts in qb_lo; row_unit[j]: the unit of row 2tig + j
+  // (the C columns).
+  constexpr int KCNT = D / KG / 4;                // key coordinates per thread per token and group
+  constexpr int KSTEPS = KCNT / (kGrid ? 8 : 4);  // mma k steps per group
+  uint32_t qb[KG * KSTEPS][NR][2], qb_lo[KG * KSTEPS][2];
+  float row_unit[2];
+  if constexpr (kGrid) {
+    const uint8_t* rows = reinterpret_cast<const uint8_t*>(q_s);
+    const uint8_t* q = rows + g4 * 2 * (D + 8);
 #pragma unroll
-  for (int g = 0; g < KG; ++g)
-#pragma unroll
-    for (int st = 0; st < KSTEPS; ++st) {
-      int c[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        c[k] = g * (D / KG) + tig * KCNT + run_slot_coord(kt.group[g].bits, KCNT, 4 * st + k);
-#pragma unroll
-      for (int nr = 0; nr < NR; ++nr) {
-        const __half* q = q_s + (8 * nr + g4) * (D + 8);
-        qb[g * KSTEPS + st][nr][0] = pack_half2(q[c[0]], q[c[1]]);
-        qb[g * KSTEPS + st][nr][1] = pack_half2(q[c[2]], q[c[3]]);
-      }
-    }
-  // With kGrid the codes decode to kGridBias + i on the codebooks' grids (layout.h). A key's
-  // products then hold kGridBias times the row's coordinate sum of each group: key_bias[g][nr][j]
-  // is minus that for row 8nr + 2tig + j, from the same fp16 query values on the same mma (two
-  // chains), and key_step[g] turns grid units into levels.
-  float key_bias[KG][NR][2] = {}, key_step[KG];
-#pragma unroll
-  for (int g = 0; g < KG; ++g) {
-    key_step[g] = kGrid ? kc.grid_step[g] : 1.0f;
-    const uint32_t minus_bias = pack_half2(__float2half_rn(-kGridBias), __float2half_rn(-kGridBias));
-    const uint32_t af[4] = {minus_bias, minus_bias, minus_bias, minus_bias};
-#pragma unroll
-    for (int nr = 0; kGrid && nr < NR; ++nr) {
-      float sum[2][4] = {};
+    for (int g = 0; g < KG; ++g)
 #pragma unroll
       for (int st = 0; st < KSTEPS; ++st)
-        mma_16816(sum[st & 1], af, qb[g * KSTEPS + st][nr][0], qb[g * KSTEPS + st][nr][1]);
-      key_bias[g][nr][0] = sum[0][0] + sum[1][0];
-      key_bias[g][nr][1] = sum[0][1] + sum[1][1];
-    }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int at = g * (D / KG) + tig * KCNT + 8 * st + 4 * r;
+          qb[g * KSTEPS + st][0][r] = *reinterpret_cast<const uint32_t*>(q + at);
+          qb_lo[g * KSTEPS + st][r] = *reinterpret_cast<const uint32_t*>(q + D + at);
+        }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) row_unit[j] = *reinterpret_cast<const float*>(rows + (2 * tig + j) * 2 * (D + 8) + 2 * D);
+  } else {
+#pragma unroll
+    for (int g = 0; g < KG; ++g)
+#pragma unroll
+      for (int st = 0; st < KSTEPS; ++st) {
+        int c[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          c[k] = g * (D / KG) + tig * KCNT + run_slot_coord(kt.group[g].bits, KCNT, 4 * st + k);
+#pragma unroll
+        for (int nr = 0; nr < NR; ++nr) {
+          const __half* q = q_s + (8 * nr + g4) * (D + 8);
+          qb[g * KSTEPS + st][nr][0] = pack_half2(q[c[0]], q[c[1]]);
+          qb[g * KSTEPS + st][nr][1] = pack_half2(q[c[2]], q[c[3]]);
+        }
+      }
   }
+  float key_step[KG];  // kGrid: grid units to levels
+#pragma unroll
+  for (int g = 0; g < KG; ++g) key_step[g] = kGrid ? kc.grid_step[g] : 1.0f;
 
   __half* rot_e = q_s;  // the rotary tables replace the query rows, now in registers
   float2* rot_turn = reinterpret_cast<float2*>(smem + plan.q_half + kRotTableBytes);
@@ -383,31 +424,47 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
         with_bits<MAXB>(kt.group[g].bits, [&](auto bits) {
           constexpr int BITS = decltype(bits)::value;
           const CodeTables<BITS> table = code_tables<BITS>(tables, g);
-          uint32_t ka[2][KCNT / 2];
+          // this thread's A rows: tokens g4 and g4 + 8, as fp16 pairs or (kGrid) 8-bit levels
+          uint32_t ka[2][kGrid ? KCNT / 4 : KCNT / 2];
 #pragma unroll
           for (int t = 0; t < 2; ++t) {
             CodeRun<BITS, KCNT> run;
             run.load(kt_s, kt.group[g], kTile * h + g4 + 8 * t, tig);
-            decode_pairs<kGrid>(run, table, ka[t]);
+            if constexpr (kGrid) decode_bytes(run, table, ka[t]);
+            else decode_pairs(run, table, ka[t]);
           }
+          int hi[4] = {}, lo[4] = {};  // kGrid: the two chains are the hi and lo products
 #pragma unroll
           for (int st = 0; st < KSTEPS; ++st) {
             const uint32_t af[4] = {ka[0][2 * st], ka[1][2 * st], ka[0][2 * st + 1], ka[1][2 * st + 1]};
+            if constexpr (kGrid) {
+              mma_16832_s8(hi, af, qb[g * KSTEPS + st][0][0], qb[g * KSTEPS + st][0][1]);
+              mma_16832_s8(lo, af, qb_lo[g * KSTEPS + st][0], qb_lo[g * KSTEPS + st][1]);
+            } else {
 #pragma unroll
-            for (int nr = 0; nr < NR; ++nr)
-              mma_16816(sg[nr][st & 1], af, qb[g * KSTEPS + st][nr][0], qb[g * KSTEPS + st][nr][1]);
+              for (int nr = 0; nr < NR; ++nr)
+                mma_16816(sg[nr][st & 1], af, qb[g * KSTEPS + st][nr][0], qb[g * KSTEPS + st][nr][1]);
+            }
           }
+          // |254 hi + lo| <= 255 x 127 x 127 x (D / KG) < 2^31
+#pragma unroll
+          for (int e = 0; kGrid && e < 4; ++e) sg[0][0][e] = float(254 * hi[e] + lo[e]);
         });
         const float n0 = tile_norm(kt_s, kt, g, kTile * h + g4) * key_step[g];
         const float n1 = tile_norm(kt_s, kt, g, kTile * h + g4 + 8) * key_step[g];
 #pragma unroll
         for (int nr = 0; nr < NR; ++nr) {
-          s[h][nr][0] += (sg[nr][0][0] + sg[nr][1][0] + key_bias[g][nr][0]) * n0;
-          s[h][nr][1] += (sg[nr][0][1] + sg[nr][1][1] + key_bias[g][nr][1]) * n0;
-          s[h][nr][2] += (sg[nr][0][2] + sg[nr][1][2] + key_bias[g][nr][0]) * n1;
-          s[h][nr][3] += (sg[nr][0][3] + sg[nr][1][3] + key_bias[g][nr][1]) * n1;
+          s[h][nr][0] += (sg[nr][0][0] + sg[nr][1][0]) * n0;
+          s[h][nr][1] += (sg[nr][0][1] + sg[nr][1][1]) * n0;
+          s[h][nr][2] += (sg[nr][0][2] + sg[nr][1][2]) * n1;
+          s[h][nr][3] += (sg[nr][0][3] + sg[nr][1][3]) * n1;
         }
       }
+    if constexpr (kGrid)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[h][0][e] *= row_unit[e & 1];
     if (rot_steps) {  // the rotary mean's term, then w turned to the warp's next tile
 #pragma unroll
       for (int st = 0; st < 2; ++st) {

@@ -260,15 +260,18 @@ __device__ inline void rotate_query_row(const AttnArgs& a, const LaneRotation<D>
 }
 
 // The K and V codebooks as byte-permute tables (tile_decode.cuh), two per codebook kv * 2 + group
-// (code_tables); written by the CTA's first 64 threads, one word each. grid: the low bytes of the
-// grid values kGridBias + i_k (layout.h; for look-ups with kFixedHi), else the levels in fp16.
+// (code_tables); written by the CTA's first 64 threads, one word each. grid: the values' tables hold
+// the low bytes of the grid values kGridBias + i_k (layout.h; for look-ups with kFixedHi), the keys'
+// the signed grid indices i_k in their low plane (decode_bytes, for the 8-bit mma); else the levels
+// in fp16.
 constexpr int kByteTablesBytes = 2 * 2 * TQ_MAX_GROUPS * int(sizeof(ByteTables));
 __device__ inline void fill_byte_tables(ByteTables* tables, const CacheView& cache, bool grid) {
   if (threadIdx.x >= 2 * 2 * TQ_MAX_GROUPS * 8) return;
   const int kv = threadIdx.x / 32, g = (threadIdx.x / 16) % 2, half = (threadIdx.x / 8) % 2;
   const int w = threadIdx.x % 8;  // lo[0..3], then hi[0..3]
   const CodecLayout& cl = cache.codec[kv];
-  uint32_t word = grid ? (w < 4 ? cl.grid_low[g][4 * half + w] : kGridHiBytes) : 0u;
+  const uint32_t to_signed = kv == 0 ? 0x80808080u : 0u;  // i_k + 128 -> i_k, byte by byte
+  uint32_t word = grid ? (w < 4 ? cl.grid_low[g][4 * half + w] ^ to_signed : kGridHiBytes) : 0u;
   for (int k = 16 * half + 4 * (w % 4); !grid && k < 16 * half + 4 * (w % 4) + 4; ++k) {
     const bool used = g < cl.num_groups && k < (1 << cl.group[g].bits);
     const uint32_t bits = __half_as_ushort(__float2half_rn(used ? cl.codebook[g][k] : 0.0f));

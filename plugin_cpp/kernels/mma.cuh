@@ -2,7 +2,9 @@
 // 8x8 fragment transpose, ldmatrix and cp.async, as the attention kernels use them. Fragment
 // layouts: PTX ISA, "Matrix Fragments for mma.m16n8k16": lane = 4 * groupID + tig; A a0 (row
 // groupID, cols 2tig..+1), a1 (row +8), a2 (cols +8), a3 (both); B b0 (k 2tig..+1, n groupID),
-// b1 (k +8); C c0,c1 (row groupID, cols 2tig..+1), c2,c3 (row +8).
+// b1 (k +8); C c0,c1 (row groupID, cols 2tig..+1), c2,c3 (row +8). The 8-bit form (mma.sync
+// m16n8k32, s8 in, s32 accumulate) holds 4 consecutive k per register: A a0 (row groupID, cols
+// 4tig..+3), a1 (row +8), a2 (cols +16), a3 (both); B b0 (k 4tig..+3), b1 (k +16); C as above.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -16,6 +18,14 @@ __device__ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ inline void mma_16832_s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 

@@ -116,26 +116,28 @@ __host__ __device__ inline uint32_t lookup_bytes16(uint32_t sel, const uint32_t*
   return (byte_perm(p[0], p[1], low3) & ~upper) | (byte_perm(p[2], p[3], low3) & upper);
 }
 
+// The bytes of the 4 codes in the low nibbles of `sel` from one byte plane of a codebook's tables:
+// p0 for codes below 16, p1 for 5-bit codes 16..31 (`top`: their bit 4 at bit 0 of the nibbles).
+template <int BITS>
+__host__ __device__ inline uint32_t lookup_plane(uint32_t sel, const uint32_t* p0, const uint32_t* p1, uint32_t top) {
+  if constexpr (BITS == 5) {
+    const uint32_t upper = nibble_bit_mask(top, 0);  // 0xff: code >= 16
+    return (lookup_bytes16(sel, p0) & ~upper) | (lookup_bytes16(sel, p1) & upper);
+  } else if constexpr (BITS == 4) {
+    return lookup_bytes16(sel, p0);
+  } else {
+    return byte_perm(p0[0], p0[1], sel);
+  }
+}
+
 // Centroids of the codes in the 4 low nibbles of `sel`, as fp16 pairs (code0, code1), (code2, code3).
-// 5-bit codes: `top` holds the codes' bit 4 at bit 0 of the same nibbles. kFixedHi: grid tables.
+// kFixedHi: grid tables.
 template <int BITS, bool kFixedHi = false>
 __host__ __device__ inline void lookup4(uint32_t sel, const CodeTables<BITS>& ct, uint32_t& v01,
                                         uint32_t& v23, uint32_t top = 0) {
-  const ByteTables& t = ct.part[0];
-  // The 4 codes' bytes from one byte plane (lo or hi) of the tables.
-  auto plane = [&](const uint32_t* p0, const uint32_t* p1) {
-    if constexpr (BITS == 5) {
-      const uint32_t upper = nibble_bit_mask(top, 0);  // 0xff: code >= 16
-      return (lookup_bytes16(sel, p0) & ~upper) | (lookup_bytes16(sel, p1) & upper);
-    } else if constexpr (BITS == 4) {
-      return lookup_bytes16(sel, p0);
-    } else {
-      return byte_perm(p0[0], p0[1], sel);
-    }
-  };
-  const ByteTables& u = ct.part[BITS == 5 ? 1 : 0];
-  const uint32_t lo = plane(t.lo, u.lo);
-  const uint32_t hi = kFixedHi ? kGridHiBytes : plane(t.hi, u.hi);
+  const ByteTables &t = ct.part[0], &u = ct.part[BITS == 5 ? 1 : 0];
+  const uint32_t lo = lookup_plane<BITS>(sel, t.lo, u.lo, top);
+  const uint32_t hi = kFixedHi ? kGridHiBytes : lookup_plane<BITS>(sel, t.hi, u.hi, top);
   v01 = byte_perm(lo, hi, 0x5140u);
   v23 = byte_perm(lo, hi, 0x7362u);
 }
@@ -206,16 +208,35 @@ __host__ __device__ inline void top_words(const CodeRun<BITS, CNT>& run, uint32_
   for (int i = 0; i < (CNT + 7) / 8; ++i) w[i] = BITS == 5 ? bits_to_nibbles(run.hi[0], i) : 0u;
 }
 
-// The run's CNT centroids as CNT / 2 fp16 pairs: out[j] holds slots 2j and 2j + 1.
-template <bool kFixedHi = false, int BITS, int CNT>
-__host__ __device__ inline void decode_pairs(const CodeRun<BITS, CNT>& run, const CodeTables<BITS>& t,
-                                             uint32_t (&out)[CNT / 2]) {
+// Calls f(q, sel, top) for each quad q of the run's slots (4q .. 4q + 3): their selectors in the
+// low nibbles of sel, of 5-bit codes bit 4 in top's.
+template <int BITS, int CNT, typename F>
+__host__ __device__ inline void for_each_quad(const CodeRun<BITS, CNT>& run, F&& f) {
   uint32_t w[(CNT + 7) / 8], top[(CNT + 7) / 8];
   slot_words(run, w);
   top_words(run, top);
 #pragma unroll
-  for (int q = 0; q < CNT / 4; ++q)
-    lookup4<BITS, kFixedHi>(w[q / 2] >> (16 * (q % 2)), t, out[2 * q], out[2 * q + 1], top[q / 2] >> (16 * (q % 2)));
+  for (int q = 0; q < CNT / 4; ++q) f(q, w[q / 2] >> (16 * (q % 2)), top[q / 2] >> (16 * (q % 2)));
+}
+
+// The run's CNT centroids as CNT / 2 fp16 pairs: out[j] holds slots 2j and 2j + 1.
+template <int BITS, int CNT>
+__host__ __device__ inline void decode_pairs(const CodeRun<BITS, CNT>& run, const CodeTables<BITS>& t,
+                                             uint32_t (&out)[CNT / 2]) {
+  for_each_quad(run, [&](int q, uint32_t sel, uint32_t top) {
+    lookup4<BITS>(sel, t, out[2 * q], out[2 * q + 1], top);
+  });
+}
+
+// The run's CNT codes as the bytes of the tables' low plane, four per word: out[q] holds slots
+// 4q .. 4q + 3 (byte k: slot 4q + k), as an 8-bit mma fragment holds 4 consecutive k. With tables
+// of signed grid levels (fill_byte_tables) one byte permute per 4 codes, no interleave.
+template <int BITS, int CNT>
+__host__ __device__ inline void decode_bytes(const CodeRun<BITS, CNT>& run, const CodeTables<BITS>& t,
+                                             uint32_t (&out)[CNT / 4]) {
+  for_each_quad(run, [&](int q, uint32_t sel, uint32_t top) {
+    out[q] = lookup_plane<BITS>(sel, t.part[0].lo, t.part[BITS == 5 ? 1 : 0].lo, top);
+  });
 }
 
 // Nibbles of slots 8i + 0, 2, 4, 6 (interleave_even) or 8i + 1, 3, 5, 7 (interleave_odd) of two

@@ -118,6 +118,24 @@ def test_a_non_finite_row_makes_what_reads_it_nan(bad, gen):
         assert torch.isfinite(out[2]).all()
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_query_makes_its_own_outputs_nan(bad, gen):
+    """A NaN or Inf in one query head's vector (the 8-bit query rows of the split pass take a
+    per-row scale, which must not hide it) makes that head's output NaN and no other's."""
+    lengths = [300, 300]
+    cache, table, kc = make_cache(128, 3, 3, 2, 64, lengths, gen)
+    fill(kc, lengths, 2, 128, gen)
+    lens = torch.tensor(lengths)
+    for q_len in (1, 20):  # the split pass, the prefill pass (80 rows per KV head)
+        q = torch.randn(2, q_len, 8, 128, generator=gen).half().cuda()
+        q[1, q_len - 1, 5, 33] = bad
+        run = decode_attention if q_len == 1 else prefill_attention
+        out = run(kc, q, lens, 300)
+        assert torch.isnan(out[1, q_len - 1, 5]).all(), "the bad query head's output must be NaN"
+        out[1, q_len - 1, 5] = 0
+        assert torch.isfinite(out).all(), "only the bad query head's output may be NaN"
+
+
 def test_decode_attention_length_one_and_block_edges(gen):
     T = 64
     lengths = [1, T - 1, T, T + 1, 5 * T]

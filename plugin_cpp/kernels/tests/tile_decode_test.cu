@@ -1,6 +1,7 @@
 // Host-side check of tile_decode.cuh: decode_pairs and decode_token_pairs (register look-up tables)
 // give, in run_slot_coord order, the centroid of every code that CodeRun::code extracts; with grid
-// tables (fp16 kGridBias + i) also when they look up only the low bytes (kFixedHi). Runs on the CPU
+// tables (fp16 kGridBias + i) also when they look up only the low bytes (kFixedHi); decode_bytes
+// gives each code's low-plane byte (the signed levels of grid key tables). Runs on the CPU
 // (byte_perm has a host form), so CI checks the bit tricks without a GPU.
 #include <cstdio>
 #include <cstdlib>
@@ -48,7 +49,9 @@ int check_run(unsigned seed) {
       tq::CodeRun<BITS, CNT> run;
       run.load(tile.data(), g, row, part);
       uint32_t pairs[CNT / 2];
-      tq::decode_pairs<GRID>(run, t, pairs);
+      tq::decode_pairs(run, t, pairs);
+      uint32_t bytes[CNT / 4];
+      tq::decode_bytes(run, t, bytes);
       for (int k = 0; k < CNT; ++k) {
         const int i = tq::run_slot_coord(BITS, CNT, k);
         const uint16_t got = uint16_t(pairs[k / 2] >> (16 * (k % 2)));
@@ -64,6 +67,7 @@ int check_run(unsigned seed) {
           code |= ((word >> tq::hi_plane_bit(BITS, coord % 32)) & 1) << g.lo_bits;
         }
         if (got != centroid[code] || int(run.code(i)) != code) ++bad;
+        if (((bytes[k / 4] >> (8 * (k % 4))) & 0xff) != (centroid[code] & 0xffu)) ++bad;
         if (tq::run_coord_slot(BITS, CNT, i) != k) ++bad;  // the inverse map
       }
       // decode_token_pairs: this row and the next (cyclically), slot by slot in the two halves
