@@ -182,6 +182,21 @@ def test_the_fused_append_tests_take_both_append_paths():
 
 
 @needs_library
+def test_library_refuses_a_chunk_stride_of_4_gib():
+    """The kernels address a chunk with one 32 x 32-bit product: a stride of 4 GiB or more is
+    refused with a reason before any device pointer is touched, never wrapped."""
+    codec = DeviceCodec(VectorCodec(CodecSpec(128, 3)), 1, "cpu").struct
+    cache = TqPagedCache(k_pool=1 << 20, v_pool=1 << 21, k_chunk_bytes=50 * 16,
+                         v_chunk_bytes=(1 << 32) + 16, block_table=1 << 22, max_blocks=1,
+                         tokens_per_block=16, num_kv_heads=1, num_chunks=1, key=codec, value=codec)
+    lib = kernels.library()
+    status = lib.tq_decode_attention(ctypes.byref(cache), None, None, 0, 1 << 23, 1 << 24, None, 0,
+                                     1 << 26, 16, 1, 1, 1, 0.1, None, 0, None)
+    assert status == 6, lib.tq_last_error()  # TQ_ERR_INVALID_ARGUMENT
+    assert b"v_chunk_bytes 4294967312 must be below 4 GiB" in lib.tq_last_error()
+
+
+@needs_library
 @pytest.mark.parametrize("fn_name", ["tq_decode_attention", "tq_prefill_attention"])
 def test_library_checks_lse_in_its_argument_position(fn_name):
     """A misaligned lse, or only one of k_new and v_new, is refused before anything touches the

@@ -78,12 +78,15 @@ struct AttnArgs {
 };
 
 
-// Issues the 16-byte copies of `chunks` consecutive chunks, lane-strided. With a compile-time count
-// (specialized kernels) the loop unrolls into a fixed set of predicated copies.
-__device__ inline void copy_chunks(uint8_t* dst, const uint8_t* src, int chunks, int lane) {
+// Issues the 16-byte copies of `chunks` consecutive chunks, lane-strided, from byte `offset` of
+// `src`. With a compile-time count (specialized kernels) the loop unrolls into a fixed set of
+// predicated copies. The offset is unsigned 32-bit (pages are smaller than 4 GiB, make_cache_view):
+// one 64-bit add per run of copies, no sign extension, the further copies at immediate offsets.
+__device__ inline void copy_chunks(uint8_t* dst, const uint8_t* src, uint32_t offset, int chunks, int lane) {
+  const uint8_t* from = src + (offset + 16u * lane);
 #pragma unroll
   for (int i = 0; i < chunks; i += 32)
-    if (i + lane < chunks) cp_async_16(dst + 16 * (i + lane), src + 16 * (i + lane));
+    if (i + lane < chunks) cp_async_16(dst + 16 * (i + lane), from + 16 * i);
 }
 
 // Copies `rows` tokens, slots [slot0, slot0 + rows) of a page of T tokens, into rows [row0, row0 +
@@ -96,16 +99,17 @@ template <int TT>
 __device__ inline void stage_rows(uint8_t* tile, const uint8_t* page, const PageShape& tl, int T,
                                   int slot0, int row0, int rows) {
   const int lane = threadIdx.x & 31;
+  const uint32_t t = T, slot = slot0;
 #pragma unroll
   for (int g = 0; g < tl.num_groups; ++g) {
     const GroupLayout& tg = tl.group[g];
-    copy_chunks(tile + tg.lo_off + row0 * tg.lo_row_bytes,
-                page + tg.lo_off / TT * T + slot0 * tg.lo_row_bytes, rows * tg.lo_row_bytes / 16, lane);
+    copy_chunks(tile + tg.lo_off + row0 * tg.lo_row_bytes, page,
+                uint32_t(tg.lo_off / TT) * t + slot * tg.lo_row_bytes, rows * tg.lo_row_bytes / 16, lane);
     if (tg.hi_row_bytes)
-      copy_chunks(tile + tg.hi_off + row0 * tg.hi_row_bytes,
-                  page + tg.hi_off / TT * T + slot0 * tg.hi_row_bytes, rows * tg.hi_row_bytes / 16, lane);
-    copy_chunks(tile + tl.norm_off + (g * TT + row0) * 2, page + tl.norm_off / TT * T + (g * T + slot0) * 2,
-                rows * 2 / 16, lane);
+      copy_chunks(tile + tg.hi_off + row0 * tg.hi_row_bytes, page,
+                  uint32_t(tg.hi_off / TT) * t + slot * tg.hi_row_bytes, rows * tg.hi_row_bytes / 16, lane);
+    copy_chunks(tile + tl.norm_off + (g * TT + row0) * 2, page,
+                uint32_t(tl.norm_off / TT) * t + (g * t + slot) * 2, rows * 2 / 16, lane);
   }
 }
 

@@ -34,8 +34,12 @@ tq_status make_cache_view(const tq_paged_cache* cache, CacheView* out) {
       return fail(TQ_ERR_MISALIGNED, "%s_chunk_bytes %lld must be a multiple of 16 and at least "
                   "num_kv_heads x page bytes = %lld", names[kv], (long long)strides[kv],
                   (long long)need);
+    if (strides[kv] > int64_t(UINT32_MAX))
+      return fail(TQ_ERR_INVALID_ARGUMENT, "%s_chunk_bytes %lld must be below 4 GiB (one block's pages "
+                  "of every head, or of every layer where the pool interleaves them)", names[kv],
+                  (long long)strides[kv]);
     v.pool[kv] = static_cast<uint8_t*>(pools[kv]);
-    v.chunk_bytes[kv] = strides[kv];
+    v.chunk_bytes[kv] = uint32_t(strides[kv]);
   }
   if (reinterpret_cast<uintptr_t>(cache->page_lse_shift) % 4)
     return fail(TQ_ERR_MISALIGNED, "page_lse_shift must be 4-byte aligned");

@@ -9,7 +9,7 @@ namespace tq {
 
 struct CacheView {
   uint8_t* pool[2];         // 0: K, 1: V
-  int64_t chunk_bytes[2];
+  uint32_t chunk_bytes[2];  // below 4 GiB (make_cache_view): a chunk's offset is one 32 x 32-bit product
   const int32_t* block_table;  // [batch][2][max_blocks]
   int max_blocks;
   int tokens;               // T
@@ -32,7 +32,7 @@ __host__ __device__ inline int chunk_of(const CacheView& c, int seq, int kv, int
 
 // The page of `head` in a valid chunk.
 __host__ __device__ inline uint8_t* page_in_chunk(const CacheView& c, int kv, int chunk, int head) {
-  return c.pool[kv] + chunk * c.chunk_bytes[kv] + int64_t(head) * c.codec[kv].page_bytes;
+  return c.pool[kv] + uint64_t(uint32_t(chunk)) * c.chunk_bytes[kv] + uint32_t(head) * uint32_t(c.codec[kv].page_bytes);
 }
 
 // The page of (seq, kv, block, head), or nullptr (see chunk_of).
