@@ -92,8 +92,8 @@ typedef struct tq_codec {
 typedef struct tq_paged_cache {
   void* k_pool;                /* 16-byte aligned */
   void* v_pool;                /* 16-byte aligned */
-  int64_t k_chunk_bytes;       /* multiple of 16, >= num_kv_heads * tq_page_bytes(&key, T) */
-  int64_t v_chunk_bytes;       /* multiple of 16, >= num_kv_heads * tq_page_bytes(&value, T) */
+  int64_t k_chunk_bytes;       /* multiple of 16, >= num_kv_heads * tq_page_bytes(&key, T), < 4 GiB */
+  int64_t v_chunk_bytes;       /* multiple of 16, >= num_kv_heads * tq_page_bytes(&value, T), < 4 GiB */
   const int32_t* block_table;  /* device [batch][2][max_blocks] chunk indices (0: K, 1: V) */
   int32_t max_blocks;
   int32_t tokens_per_block;    /* T: a multiple of 16 */
