@@ -706,7 +706,8 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(AttnArgs a, int
   const int row_item = item / a.rows, r = item - row_item * a.rows;
   const int b = row_item / heads, kvh = row_item - b * heads;
   const int64_t base = ws_slot(a, b, kvh, r, 0);
-  const int j = quotient(r, a.group), hq = kvh * a.group.d + r - j * a.group.d;
+  const QueryRow qr = query_row_of(a, kvh, r);
+  const int j = qr.token, hq = qr.head;
   const int64_t row = query_row_index(a, b, kvh, r);
   const T* qv = static_cast<const T*>(a.q) + row * D;
   // q . key mean (original channels): the splits' scores leave it out; the own score and the

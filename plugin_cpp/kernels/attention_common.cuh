@@ -162,11 +162,20 @@ __host__ __device__ inline int64_t ws_slot(const AttnArgs& a, int b, int kvh, in
 // column rot_col(i), its sin 8 further.
 __host__ __device__ inline int rot_col(int i) { return 16 * (i / 8) + i % 8; }
 
-// Query row r of KV head kvh in sequence b (token r / group of the call, query head
-// kvh * group + r % group): its index among the call's [batch][q_len][num_q_heads] rows.
-__device__ inline int64_t query_row_index(const AttnArgs& a, int b, int kvh, int r) {
+// Query row r of KV head kvh: its token of the call (r / group) and its query head
+// (kvh * group + r % group).
+struct QueryRow {
+  int token, head;
+};
+__device__ inline QueryRow query_row_of(const AttnArgs& a, int kvh, int r) {
   const int token = quotient(r, a.group);
-  return (int64_t(b) * a.q_len + token) * a.num_q_heads + kvh * a.group.d + r - token * a.group.d;
+  return {token, kvh * a.group.d + r - token * a.group.d};
+}
+
+// That row in sequence b: its index among the call's [batch][q_len][num_q_heads] rows.
+__device__ inline int64_t query_row_index(const AttnArgs& a, int b, int kvh, int r) {
+  const QueryRow q = query_row_of(a, kvh, r);
+  return (int64_t(b) * a.q_len + q.token) * a.num_q_heads + q.head;
 }
 
 // That row's vector; nullptr for a padding row (r >= rows).
