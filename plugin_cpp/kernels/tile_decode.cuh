@@ -1,13 +1,14 @@
-// tile_decode.cuh: fp16 centroids of a run of codes of one token, read from a staged tile (16 or
-// 32 tokens in shared memory, laid out like any page: FORMAT.md section 5 with T = 16 or 32).
+// tile_decode.cuh: the levels of a run of codes of one token, read from a staged tile (16 or 32
+// tokens in shared memory, laid out like any page: FORMAT.md section 5 with T = 16 or 32).
 // A thread decodes CNT consecutive coordinates of one group, starting at group coordinate
 // part * CNT: it loads the run's raw plane words (CodeRun::load), turns them into look-up
-// selectors (slot_words), then into fp16 centroid pairs with register look-up tables
-// (decode_pairs: pairs of one token; decode_token_pairs: pairs of two tokens): one byte permute
-// per code, three per four with grid tables (kFixedHi, layout.h), plus, per 16 codes, a few masks
-// and shifts (the format's high-plane order makes the 3-bit selectors with masks, FORMAT.md
-// section 3). 4- and 5-bit codes take about two and three times those permutes, and a few
-// selections: they serve the few layers the allocator makes wide.
+// selectors (slot_words), then into levels with register look-up tables (decode_pairs: fp16
+// pairs of one token; decode_token_pairs: fp16 pairs of two tokens; decode_bytes: 8-bit levels,
+// four per word): one byte permute per code, three per four with grid tables (kFixedHi,
+// layout.h), one per four for 8-bit levels, plus, per 16 codes, a few masks and shifts (the
+// format's high-plane order makes the 3-bit selectors with masks, FORMAT.md section 3). 4- and
+// 5-bit codes take about two and three times those permutes, and a few selections: they serve the
+// few layers the allocator makes wide.
 #pragma once
 
 #include <cuda_fp16.h>
