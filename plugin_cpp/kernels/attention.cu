@@ -321,9 +321,15 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
         }
       }
   }
-  float key_step[KG];  // kGrid: grid units to levels
+  // kGrid: grid units to levels. With one key group the step folds into the rows' units: one
+  // product per row, not one per token and tile.
+  constexpr bool kStepInUnit = kGrid && KG == 1;
+  float key_step[KG];
 #pragma unroll
-  for (int g = 0; g < KG; ++g) key_step[g] = kGrid ? kc.grid_step[g] : 1.0f;
+  for (int g = 0; g < KG; ++g) key_step[g] = kGrid && !kStepInUnit ? kc.grid_step[g] : 1.0f;
+  if constexpr (kStepInUnit)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) row_unit[j] *= kc.grid_step[0];
 
   __half* rot_e = q_s;  // the rotary tables replace the query rows, now in registers
   float2* rot_turn = reinterpret_cast<float2*>(smem + plan.q_half + kRotTableBytes);

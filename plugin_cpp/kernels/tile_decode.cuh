@@ -240,13 +240,30 @@ __host__ __device__ inline void decode_bytes(const CodeRun<BITS, CNT>& run, cons
   });
 }
 
-// Nibbles of slots 8i + 0, 2, 4, 6 (interleave_even) or 8i + 1, 3, 5, 7 (interleave_odd) of two
-// tokens' selector words, token a's in the even nibbles.
-__host__ __device__ inline uint32_t interleave_even(uint32_t a, uint32_t b) {
-  return (a & 0x0f0f0f0fu) | ((b << 4) & 0xf0f0f0f0u);
+// The bits of a where m is set, of b elsewhere: one LOP3.
+__host__ __device__ inline uint32_t bit_select(uint32_t a, uint32_t b, uint32_t m) {
+#ifdef __CUDA_ARCH__
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xe4;" : "=r"(r) : "r"(a), "r"(b), "r"(m));  // (a & m) | (b & ~m)
+  return r;
+#else
+  return (a & m) | (b & ~m);
+#endif
 }
+
+// Nibbles of slots 8i + 0, 2, 4, 6 (interleave_even) or 8i + 1, 3, 5, 7 (interleave_odd) of two
+// tokens' selector words of BITS-bit codes, token a's in the even nibbles. From 3 bits on, one
+// bit_select: written out, ptxas narrows the masks to 3-bit selectors' clear bit 3 and then needs
+// two LOP3. 1- and 2-bit selectors stay written out, which ptxas folds into their masks.
+template <int BITS>
+__host__ __device__ inline uint32_t interleave_even(uint32_t a, uint32_t b) {
+  if constexpr (BITS >= 3) return bit_select(a, b << 4, 0x0f0f0f0fu);
+  else return (a & 0x0f0f0f0fu) | ((b << 4) & 0xf0f0f0f0u);
+}
+template <int BITS>
 __host__ __device__ inline uint32_t interleave_odd(uint32_t a, uint32_t b) {
-  return ((a >> 4) & 0x0f0f0f0fu) | (b & 0xf0f0f0f0u);
+  if constexpr (BITS >= 3) return bit_select(a >> 4, b, 0x0f0f0f0fu);
+  else return ((a >> 4) & 0x0f0f0f0fu) | (b & 0xf0f0f0f0u);
 }
 
 // Two tokens' runs at once, for mma fragments whose fp16 pairs are two tokens: out[k] holds slot k
@@ -264,8 +281,8 @@ __host__ __device__ inline void decode_token_pairs(const CodeRun<BITS, CNT>& a,
   top_words(b, tb);
 #pragma unroll
   for (int i = 0; i < (CNT + 7) / 8; ++i) {
-    const uint32_t ev = interleave_even(wa[i], wb[i]), od = interleave_odd(wa[i], wb[i]);
-    const uint32_t tev = interleave_even(ta[i], tb[i]), tod = interleave_odd(ta[i], tb[i]);
+    const uint32_t ev = interleave_even<BITS>(wa[i], wb[i]), od = interleave_odd<BITS>(wa[i], wb[i]);
+    const uint32_t tev = interleave_even<BITS>(ta[i], tb[i]), tod = interleave_odd<BITS>(ta[i], tb[i]);
     uint32_t* o = out + 8 * i;
     lookup4<BITS, kFixedHi>(ev, t, o[0], o[2], tev);
     lookup4<BITS, kFixedHi>(od, t, o[1], o[3], tod);
