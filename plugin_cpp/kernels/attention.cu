@@ -517,7 +517,6 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
           }
     }
     float m_use[NR][2], alpha[NR][2];
-    bool moved = false;
 #pragma unroll
     for (int nr = 0; nr < NR; ++nr)
 #pragma unroll
@@ -529,22 +528,22 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
         const float m_new = fmaxf(m_run[nr][j], mx);
         m_use[nr][j] = m_new == -INFINITY ? 0.0f : m_new;
         alpha[nr][j] = fast_exp2(m_run[nr][j] - m_use[nr][j]);
-        moved |= alpha[nr][j] != 1.0f;
         m_run[nr][j] = m_new;
         l_run[nr][j] *= alpha[nr][j];
       }
-    // Once the running maxima settle they rarely move: skip the rescale when no row's did.
-    if (__any_sync(0xffffffffu, moved)) {
+    // The rescale on every tile, with no vote and branch around it: its multiplies go to the FMA
+    // pipe (the loop is bound by integer issue), and the value decode below, which needs no
+    // softmax, is scheduled across the maxima and the rescale. Skipping it where no row's maximum
+    // moved was 2-3% slower (docs/BENCHMARKS.md, session 25).
 #pragma unroll
-      for (int nr = 0; nr < NR; ++nr)
+    for (int nr = 0; nr < NR; ++nr)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
+      for (int e = 0; e < 4; ++e) {
 #pragma unroll
-          for (int mt = 0; mt < MT; ++mt) o[mt][nr][e] *= alpha[nr][e & 1];
+        for (int mt = 0; mt < MT; ++mt) o[mt][nr][e] *= alpha[nr][e & 1];
 #pragma unroll
-          for (int g = 0; kGrid && g < VG; ++g) p_sum[g][nr][e] *= alpha[nr][e & 1];
-        }
-    }
+        for (int g = 0; kGrid && g < VG; ++g) p_sum[g][nr][e] *= alpha[nr][e & 1];
+      }
 
     // O^T += V^T P^T per half h. The probabilities times their tokens' value norms, fp16, are two
     // 8x8 blocks (tokens x rows) per row tile: transposed, they are the B fragment (rows x tokens).
