@@ -72,9 +72,10 @@ def twin(cache: PagedLayerCache, table: torch.Tensor, gen: torch.Generator):
     return other, KernelCache(other, table)
 
 
-def positions(lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(seq_idx, pos) of every token of every sequence, shuffled."""
+def positions(lengths: list[int], gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(seq_idx, pos) of every token of every sequence, shuffled by `gen` (the test's data, so each
+    position gets the same vector on every run)."""
     seq = torch.cat([torch.full((n,), s) for s, n in enumerate(lengths)])
     pos = torch.cat([torch.arange(n) for n in lengths])
-    perm = torch.randperm(seq.numel())
+    perm = torch.randperm(seq.numel(), generator=gen)
     return seq[perm].int().cuda(), pos[perm].int().cuda()

@@ -43,7 +43,7 @@ def test_quantize_append_matches_reference(width, head_dim, dtype, gen):
     tables = width in (2.5, 3, 3.5)  # mean, scale and outliers on some widths
     ref, table, _ = make_cache(head_dim, width, width, heads, T, lengths, gen, tables)
     mine, kc = twin(ref, table, gen)
-    seq, pos = positions(lengths)
+    seq, pos = positions(lengths, gen)
     n = seq.numel()
     k = (torch.randn(n, heads, head_dim, generator=gen) * 2).to(dtype).cuda()
     v = torch.randn(n, heads, head_dim, generator=gen).to(dtype).cuda()
@@ -79,7 +79,7 @@ def test_dequantize_matches_reference(width, head_dim, gen):
     heads, T = 2, 16
     lengths = [45, 7]
     cache, table, kc = make_cache(head_dim, width, width, heads, T, lengths, gen, tables=True)
-    seq, pos = positions(lengths)
+    seq, pos = positions(lengths, gen)
     x = torch.randn(2, seq.numel(), heads, head_dim, generator=gen).half().cuda()
     quantize_append(kc, x[0], x[1], seq, pos)
     for s, n in enumerate(lengths):
