@@ -243,9 +243,9 @@ def test_prefill_attention_chunk_over_history(case, with_own, gen, request):
     d, hq, hkv, kw, vw, chunk, dtype, tables = case
     if (kw, vw) == (5, 4.5) and not with_own:
         # A known shortfall of the prefill pass, open in issue 3 (docs/BENCHMARKS.md, session 25):
-        # 2.17e-3 on a row that attends to only two tokens, whose values reach 3.9 in magnitude;
-        # probably the pass's fp16 centroids and scaled probabilities, whose roundings do not
-        # average out over two terms. strict: the test says so once it passes.
+        # 2.17e-3 on a row that attends to only two tokens, whose values reach 3.9 in magnitude,
+        # mostly from the 5-bit key levels rounded to fp16 (a CPU emulation of its roundings).
+        # strict: the test says so once it passes.
         request.applymarker(pytest.mark.xfail(strict=True, reason="prefill pass: 2.17e-3 > 2e-3"))
     lengths = [chunk + 300, chunk + 29, chunk, chunk + 3001]
     cache, table, kc = make_cache(d, kw, vw, hkv, 32, lengths, gen, tables)
