@@ -155,8 +155,8 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
   const int g4 = lane >> 2, tig = lane & 3;
   // Kernels of one row tile look the codes up in grid tables (layout.h): the keys as signed 8-bit
   // levels for the 8-bit mma (one byte permute per 4 codes), the values as fp16 kGridBias + i
-  // (three per 4 codes instead of four). Those of two row tiles keep the fp16 levels, whose decode
-  // needs no per-row sums: the sums' registers would make them spill.
+  // (three per 4 codes instead of four). Those of two row tiles look up the grid indices in fp16
+  // (four per 4 codes), which need no per-row sums: the sums' registers would make them spill.
   constexpr bool kGrid = NR == 1;
   // The grid (launch_split_pass): (split, KV head, z = b row_tiles + rt), or with append CTAs one
   // dimension, CTA i = split + splits (kvh + heads z), then from append_cta0 on one per sequence
@@ -321,12 +321,12 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
         }
       }
   }
-  // kGrid: grid units to levels. With one key group the step folds into the rows' units: one
-  // product per row, not one per token and tile.
+  // Grid units to levels (both kinds of tables hold grid indices). With kGrid and one key group the
+  // step folds into the rows' units: one product per row, not one per token and tile.
   constexpr bool kStepInUnit = kGrid && KG == 1;
   float key_step[KG];
 #pragma unroll
-  for (int g = 0; g < KG; ++g) key_step[g] = kGrid && !kStepInUnit ? kc.grid_step[g] : 1.0f;
+  for (int g = 0; g < KG; ++g) key_step[g] = kStepInUnit ? 1.0f : kc.grid_step[g];
   if constexpr (kStepInUnit)
 #pragma unroll
     for (int j = 0; j < 2; ++j) row_unit[j] *= kc.grid_step[0];
@@ -622,7 +622,7 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
 #pragma unroll
       for (int nr = 0; nr < NR; ++nr)
         o_s[combine_at(D, warp * kRows + 8 * nr + 2 * tig + (e & 1), dim)] =
-            kGrid ? (o[mt][nr][e] - kGridBias * p_sum[g][nr][e]) * a.cache.codec[1].grid_step[g] : o[mt][nr][e];
+            (kGrid ? o[mt][nr][e] - kGridBias * p_sum[g][nr][e] : o[mt][nr][e]) * a.cache.codec[1].grid_step[g];
     }
   }
   if (g4 == 0) {

@@ -275,8 +275,9 @@ __device__ inline void rotate_query_row(const AttnArgs& a, const LaneRotation<D>
 // The K and V codebooks as byte-permute tables (tile_decode.cuh), two per codebook kv * 2 + group
 // (code_tables); written by the CTA's first 64 threads, one word each. grid: the values' tables hold
 // the low bytes of the grid values kGridBias + i_k (layout.h; for look-ups with kFixedHi), the keys'
-// the signed grid indices i_k in their low plane (decode_bytes, for the 8-bit mma); else the levels
-// in fp16.
+// the signed grid indices i_k in their low plane (decode_bytes, for the 8-bit mma); else the grid
+// indices i_k in fp16, which holds them exactly: the reader multiplies by grid_step in fp32 (the
+// levels themselves in fp16 rounded 5-bit keys by enough to leave 2.17e-3 in a prefill test).
 constexpr int kByteTablesBytes = 2 * 2 * TQ_MAX_GROUPS * int(sizeof(ByteTables));
 __device__ inline void fill_byte_tables(ByteTables* tables, const CacheView& cache, bool grid) {
   if (threadIdx.x >= 2 * 2 * TQ_MAX_GROUPS * 8) return;
@@ -287,7 +288,8 @@ __device__ inline void fill_byte_tables(ByteTables* tables, const CacheView& cac
   uint32_t word = grid ? (w < 4 ? cl.grid_low[g][4 * half + w] ^ to_signed : kGridHiBytes) : 0u;
   for (int k = 16 * half + 4 * (w % 4); !grid && k < 16 * half + 4 * (w % 4) + 4; ++k) {
     const bool used = g < cl.num_groups && k < (1 << cl.group[g].bits);
-    const uint32_t bits = __half_as_ushort(__float2half_rn(used ? cl.codebook[g][k] : 0.0f));
+    const int index = used ? int((cl.grid_low[g][k / 4] >> (8 * (k % 4))) & 0xffu) - 128 : 0;
+    const uint32_t bits = __half_as_ushort(__int2half_rn(index));
     word |= ((w < 4 ? bits : bits >> 8) & 0xffu) << (8 * (k % 4));
   }
   reinterpret_cast<uint32_t*>(tables + 2 * (kv * 2 + g) + half)[w] = word;

@@ -2,14 +2,15 @@
 // kPrefillMinRows query rows per KV head). The split pass decodes every tile once per 16 query
 // rows, so a 2,048-token chunk decoded the whole history 512 times; here a CTA of four warpgroups
 // serves kPrefillRows = 256 rows (64 per warpgroup: one wgmma m64 tile) and decodes each 128-token
-// step once, into shared memory as fp16 centroids (the byte-permute tables of tile_decode.cuh)
-// with the tokens' gains beside them in fp32, after which it is flash attention on Hopper's
-// warpgroup tensor cores (wgmma.cuh): S = Q K^T with Q and K from shared memory, O += P V with P
-// from registers, an online softmax in base 2 over 32-token sub-steps. As in the split pass, gains
-// multiply the scores (keys) and the probabilities (values) per group, so the only fp16 roundings
-// are the centroids' and the scaled probabilities' (gains folded into fp16 centroids would round
-// once more: measured 2.3e-3 error against the 2e-3 bound). Tiles are staged (cp.async) one step
-// ahead: warp w copies and then decodes 16-token tile w of the keys or of the values.
+// step once, into shared memory as the levels' grid indices in fp16 (exact; the byte-permute
+// tables of tile_decode.cuh) with the tokens' gains beside them in fp32, after which it is flash
+// attention on Hopper's warpgroup tensor cores (wgmma.cuh): S = Q K^T with Q and K from shared
+// memory, O += P V with P from registers, an online softmax in base 2 over 32-token sub-steps. As
+// in the split pass, gains (the keys' times the grid step) multiply the scores (keys) and the
+// probabilities (values) per group, and the grid step the outputs, so the only fp16 roundings are
+// the query's and the scaled probabilities' (fp16 levels rounded too: 2.17e-3 against the 2e-3
+// bound in a test with 5-bit keys; gains folded into them, 2.3e-3). Tiles are staged (cp.async)
+// one step ahead: warp w copies and then decodes 16-token tile w of the keys or of the values.
 //
 // Measured on the H200 (docs/BENCHMARKS.md, session 15): two warpgroups of two m64 tiles each (8
 // warps, ~240 registers) were 1.16x slower than four of one (16 warps within 128 registers: twice
@@ -167,9 +168,9 @@ __global__ void __launch_bounds__(32 * kPrefillWarps, kPrefillCtasPerSm) prefill
       for (int r = lane; r < kTile * D / kRun; r += 32) {
         const int token = r % kTile, c0 = r / kTile * kRun;
         const int g = shape.num_groups == 2 && c0 >= shape.group[1].start ? 1 : 0;
-        if (c0 == shape.group[g].start)
+        if (c0 == shape.group[g].start)  // the keys' gains carry the grid step (fill_byte_tables)
           gains[(kind * TQ_MAX_GROUPS + g) * kPfTokens + part * kTile + token] =
-              token < valid ? tile_norm(tile, shape, g, token) : 0.0f;
+              token < valid ? tile_norm(tile, shape, g, token) * (kind ? 1.0f : a.cache.codec[0].grid_step[g]) : 0.0f;
         uint32_t pairs[kRun / 2];
         with_bits<MAXB>(shape.group[g].bits, [&](auto bits) {
           CodeRun<decltype(bits)::value, kRun> run;
@@ -366,7 +367,8 @@ __global__ void __launch_bounds__(32 * kPrefillWarps, kPrefillCtasPerSm) prefill
         for (int n = 0; n < VN / 8; ++n)
 #pragma unroll
           for (int e = 0; e < 2; ++e)
-            a.ws_o[slot * D + run_coord(vt, g * VN + 8 * n + 2 * tig + e)] = o[mt][g][4 * n + 2 * h + e];
+            a.ws_o[slot * D + run_coord(vt, g * VN + 8 * n + 2 * tig + e)] =
+                o[mt][g][4 * n + 2 * h + e] * a.cache.codec[1].grid_step[g];  // grid units to levels
       if (tig == 0) a.ws_ml[slot] = make_float2(m_run[mt][h], l);
     }
 }

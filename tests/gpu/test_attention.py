@@ -236,17 +236,11 @@ PREFILL_CASES = [
 
 @pytest.mark.parametrize("with_own", [False, True], ids=["cache", "own"])
 @pytest.mark.parametrize("case", PREFILL_CASES, ids=case_id)
-def test_prefill_attention_chunk_over_history(case, with_own, gen, request):
+def test_prefill_attention_chunk_over_history(case, with_own, gen):
     """A chunk of new tokens (keys appended first) attends causally to its history and itself
     (own: each token's own position from its new rows): ragged histories, none at all, and one long
     enough to be split."""
     d, hq, hkv, kw, vw, chunk, dtype, tables = case
-    if (kw, vw) == (5, 4.5) and not with_own:
-        # A known shortfall of the prefill pass, open in issue 3 (docs/BENCHMARKS.md, session 25):
-        # 2.17e-3 on a row that attends to only two tokens, whose values reach 3.9 in magnitude,
-        # mostly from the 5-bit key levels rounded to fp16 (a CPU emulation of its roundings).
-        # strict: the test says so once it passes.
-        request.applymarker(pytest.mark.xfail(strict=True, reason="prefill pass: 2.17e-3 > 2e-3"))
     lengths = [chunk + 300, chunk + 29, chunk, chunk + 3001]
     cache, table, kc = make_cache(d, kw, vw, hkv, 32, lengths, gen, tables)
     fill(kc, lengths, hkv, d, gen)
