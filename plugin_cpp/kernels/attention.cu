@@ -42,7 +42,11 @@ constexpr int kStages = 3;   // cp.async stages per warp: kChunk-token tiles in 
 constexpr int row_ntiles(int rows) { return rows <= 8 ? 1 : 2; }
 // CTAs of w warps per SM: 16 warps at 128 registers per thread (nr 1), 12 at 170 (nr 2).
 constexpr int ctas_per_sm(int nr, int w) { return (nr == 1 ? 16 : 12) / w; }
-constexpr int kMergeWarps = 4;  // warps per query row in the merge pass
+// Warps per query row in the merge pass. 8 at head_dim 64: SmolLM2's 1 x 8,192 call (32 splits over
+// 9 rows) 5% faster alone and 7% in a CUDA graph than with 4; at head_dim 128 8 were up to 3%
+// slower alone and 6% in graphs, 2 slower at both (docs/BENCHMARKS.md, session 26).
+template <int D>
+constexpr int kMergeWarps = D == 64 ? 8 : 4;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // Rows of the rotary mean's tables in the split pass: 40 fp16 columns put the 8 rows that one
@@ -691,10 +695,10 @@ __device__ inline float own_score(const AttnArgs& a, int b, int kvh, int j, cons
 // APPENDS: the kernel of calls with merge_appends (the encoding's registers stay out of the others,
 // whose CTAs wait beside the splits where the merge pass starts early).
 template <int D, typename T, bool APPENDS>
-__global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(AttnArgs a, int batch) {
+__global__ void __launch_bounds__(32 * kMergeWarps<D>) merge_kernel(AttnArgs a, int batch) {
   constexpr int E = D / 32;
-  __shared__ float acc_s[kMergeWarps][D];
-  __shared__ float m_s[kMergeWarps], l_s[kMergeWarps];
+  __shared__ float acc_s[kMergeWarps<D>][D];
+  __shared__ float m_s[kMergeWarps<D>], l_s[kMergeWarps<D>];
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   // (b, kvh, row): one CTA per query row. 32-bit arithmetic: a grid has fewer than 2^31 CTAs, and
   // 64-bit divisions are calls of dozens of instructions.
@@ -705,7 +709,7 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(AttnArgs a, int
   const int64_t merge_ctas = int64_t(batch) * heads * a.rows;
   if (APPENDS && item >= merge_ctas) {
     const int i = int(item - merge_ctas), b = i / heads, L = seq_len(a, b);
-    encode_new_rows<D, kMergeWarps, T>(a, b, i % heads, L, L - 1, L);
+    encode_new_rows<D, kMergeWarps<D>, T>(a, b, i % heads, L, L - 1, L);
     return;
   }
   const int row_item = item / a.rows, r = item - row_item * a.rows;
@@ -743,13 +747,13 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(AttnArgs a, int
   }
   // Launched early (programmatic dependent launch): wait until the split pass's writes are visible.
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  // Warp w folds splits w, w + kMergeWarps, ... into a running state of its own (maximum, sum,
+  // Warp w folds splits w, w + kMergeWarps<D>, ... into a running state of its own (maximum, sum,
   // weighted output), as the online softmax does: no pass over the splits' maxima comes first, so
   // after the wait the workspace is read in one round of independent loads (one warp walking every
   // split was latency-bound: 30 us at 64 splits). Each lane holds E consecutive rotated dims.
   float m_w = -INFINITY, l_w = 0.0f, acc[E] = {};
 #pragma unroll 4
-  for (int s = warp; s < a.num_splits; s += kMergeWarps) {
+  for (int s = warp; s < a.num_splits; s += kMergeWarps<D>) {
     const float2 ml = a.ws_ml[base + s];
     float part[E];
     load_floats<E>(a.ws_o + (base + s) * D + lane * E, part);
@@ -775,12 +779,12 @@ __global__ void __launch_bounds__(32 * kMergeWarps) merge_kernel(AttnArgs a, int
   // finishes the row.
   float m_all = s_own;
 #pragma unroll
-  for (int w = 0; w < kMergeWarps; ++w) m_all = fmaxf(m_all, m_s[w]);
+  for (int w = 0; w < kMergeWarps<D>; ++w) m_all = fmaxf(m_all, m_s[w]);
   float l_all = 0.0f;
 #pragma unroll
   for (int e = 0; e < E; ++e) acc[e] = 0.0f;
 #pragma unroll
-  for (int w = 0; w < kMergeWarps; ++w) {
+  for (int w = 0; w < kMergeWarps<D>; ++w) {
     const float r = m_s[w] == -INFINITY ? 0.0f : exp2f(m_s[w] - m_all);
     l_all += r * l_s[w];
 #pragma unroll
@@ -1059,7 +1063,7 @@ tq_status launch(const AttnArgs& a, const SplitPlan& sp, int batch, cudaStream_t
   pdl.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned(rows));
-  cfg.blockDim = dim3(32 * kMergeWarps);
+  cfg.blockDim = dim3(32 * kMergeWarps<D>);
   cfg.stream = stream;
   cfg.attrs = &pdl;
   cfg.numAttrs = 1;
