@@ -43,8 +43,9 @@ constexpr int row_ntiles(int rows) { return rows <= 8 ? 1 : 2; }
 // CTAs of w warps per SM: 16 warps at 128 registers per thread (nr 1), 12 at 170 (nr 2).
 constexpr int ctas_per_sm(int nr, int w) { return (nr == 1 ? 16 : 12) / w; }
 // Warps per query row in the merge pass. 8 at head_dim 64: SmolLM2's 1 x 8,192 call (32 splits over
-// 9 rows) 5% faster alone and 7% in a CUDA graph than with 4; at head_dim 128 8 were up to 3%
-// slower alone and 6% in graphs, 2 slower at both (docs/BENCHMARKS.md, session 26).
+// 9 rows) 1-5% faster alone and 6-7% in a CUDA graph than with 4 (1 x 2,048: 0-2% slower); at
+// head_dim 128, 8 were up to 3% slower alone and 6% in graphs; 2 were slower at both
+// (docs/BENCHMARKS.md, session 26).
 template <int D>
 constexpr int kMergeWarps = D == 64 ? 8 : 4;
 constexpr float kLn2 = 0.6931471805599453f;
