@@ -1,8 +1,9 @@
 // tq_pipe_rates: issue rates of the instructions a code look-up could be built from, on the GPU it
 // runs on (docs/BENCHMARKS.md, "What limits the decode kernel"). The decode loop is bound by the
-// integer pipe's byte permutes; this measures whether an fp8 route would move that work elsewhere:
-// the e4m3 -> fp16x2 conversion, alone and mixed with permutes, and mma.sync with e4m3 operands
-// against f16 ones. Every thread runs kChains independent dependency chains, so the figures are
+// integer pipe's byte permutes; this measures whether an fp8 route would move that work elsewhere
+// (the e4m3 -> fp16x2 conversion, alone and mixed with permutes, and mma.sync with e4m3 operands
+// against f16 ones), and whether shifts could leave that pipe as IMAD.HI (session 27). Alternating
+// two instructions tells whether they share a pipe. Every thread runs kChains independent dependency chains, so the figures are
 // throughput, not latency. Run: build/plugin_cpp/kernels/tq_pipe_rates
 #include <cuda_runtime.h>
 
@@ -34,20 +35,39 @@ __device__ __forceinline__ uint32_t lop3_xor(uint32_t a, uint32_t b, uint32_t c)
   return r;
 }
 
-enum class Op { kPrmt, kCvt, kLop3, kPrmtCvt };
+// A right shift as the high word of a product: IMAD.HI on the FMA pipe instead of SHF. `m` must be
+// opaque to ptxas (not a constant), or it folds the product back into a shift.
+__device__ __forceinline__ uint32_t mul_hi(uint32_t a, uint32_t m) {
+  uint32_t r;
+  asm volatile("mul.hi.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(m));
+  return r;
+}
+
+// A funnel shift (SHF, as the decode's shifts), of (b:a) by 13: a plain shift chain would fold to 0.
+__device__ __forceinline__ uint32_t shf13(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm volatile("shf.r.clamp.b32 %0, %1, %2, 13;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+
+enum class Op { kPrmt, kCvt, kLop3, kPrmtCvt, kShr, kMulHi, kPrmtLop3, kPrmtMulHi };
 
 template <Op OP>
 __global__ void scalar_ops(uint32_t* sink, uint32_t seed) {
   uint32_t x[kChains];
   for (int i = 0; i < kChains; ++i) x[i] = seed * (threadIdx.x + i + 1);
-  const uint32_t t0 = seed ^ 0x1234u, t1 = seed ^ 0x9876u;
+  const uint32_t t0 = seed ^ 0x1234u, t1 = seed ^ 0x9876u, m = seed << 14;  // a run-time multiplier
   for (int it = 0; it < kIters; ++it) {
 #pragma unroll
     for (int i = 0; i < kChains; ++i) {
       if constexpr (OP == Op::kPrmt) x[i] = prmt(t0, t1, x[i]);
       else if constexpr (OP == Op::kCvt) x[i] = e4m3x2_to_f16x2(x[i]);
       else if constexpr (OP == Op::kLop3) x[i] = lop3_xor(x[i], t0, t1);
-      else x[i] = (i & 1) ? e4m3x2_to_f16x2(x[i]) : prmt(t0, t1, x[i]);
+      else if constexpr (OP == Op::kPrmtCvt) x[i] = (i & 1) ? e4m3x2_to_f16x2(x[i]) : prmt(t0, t1, x[i]);
+      else if constexpr (OP == Op::kShr) x[i] = shf13(x[i], t0);
+      else if constexpr (OP == Op::kMulHi) x[i] = mul_hi(x[i], m);
+      else if constexpr (OP == Op::kPrmtLop3) x[i] = (i & 1) ? lop3_xor(x[i], t0, t1) : prmt(t0, t1, x[i]);
+      else x[i] = (i & 1) ? mul_hi(x[i], m) : prmt(t0, t1, x[i]);
     }
   }
   uint32_t s = 0;
@@ -131,6 +151,10 @@ int main() {
   report("lop3", scalar_ops<Op::kLop3>, sink, dev, scalar, "thread ops");
   report("cvt.rn.f16x2.e4m3x2", scalar_ops<Op::kCvt>, sink, dev, scalar, "thread ops");
   report("prmt and cvt, alternating", scalar_ops<Op::kPrmtCvt>, sink, dev, scalar, "thread ops");
+  report("shf.r.clamp.b32 (SHF)", scalar_ops<Op::kShr>, sink, dev, scalar, "thread ops");
+  report("mul.hi.u32 (IMAD.HI)", scalar_ops<Op::kMulHi>, sink, dev, scalar, "thread ops");
+  report("prmt and lop3, alternating", scalar_ops<Op::kPrmtLop3>, sink, dev, scalar, "thread ops");
+  report("prmt and mul.hi, alternating", scalar_ops<Op::kPrmtMulHi>, sink, dev, scalar, "thread ops");
   const double warp_mmas = double(kIters / 2) * 4 / 32;  // per thread: a warp's mma counted once
   report("mma.sync m16n8k16 f16", mma_ops<false>, sink, dev, warp_mmas, "warp mma");
   report("mma.sync m16n8k32 e4m3", mma_ops<true>, sink, dev, warp_mmas, "warp mma");
