@@ -3,8 +3,8 @@
 // integer pipe's byte permutes; this measures whether an fp8 route would move that work elsewhere
 // (the e4m3 -> fp16x2 conversion, alone and mixed with permutes, and mma.sync with e4m3 operands
 // against f16 ones), and whether shifts could leave that pipe as IMAD.HI (session 27). Alternating
-// two instructions tells whether they share a pipe. Every thread runs kChains independent dependency chains, so the figures are
-// throughput, not latency. Run: build/plugin_cpp/kernels/tq_pipe_rates
+// two instructions tells whether they share a pipe. Every thread runs kChains independent dependency
+// chains, so the figures are throughput, not latency. Run: build/plugin_cpp/kernels/tq_pipe_rates
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -50,7 +50,7 @@ __device__ __forceinline__ uint32_t shf13(uint32_t a, uint32_t b) {
   return r;
 }
 
-enum class Op { kPrmt, kCvt, kLop3, kPrmtCvt, kShr, kMulHi, kPrmtLop3, kPrmtMulHi };
+enum class Op { kPrmt, kCvt, kLop3, kPrmtCvt, kShf, kMulHi, kPrmtLop3, kPrmtMulHi };
 
 template <Op OP>
 __global__ void scalar_ops(uint32_t* sink, uint32_t seed) {
@@ -64,7 +64,7 @@ __global__ void scalar_ops(uint32_t* sink, uint32_t seed) {
       else if constexpr (OP == Op::kCvt) x[i] = e4m3x2_to_f16x2(x[i]);
       else if constexpr (OP == Op::kLop3) x[i] = lop3_xor(x[i], t0, t1);
       else if constexpr (OP == Op::kPrmtCvt) x[i] = (i & 1) ? e4m3x2_to_f16x2(x[i]) : prmt(t0, t1, x[i]);
-      else if constexpr (OP == Op::kShr) x[i] = shf13(x[i], t0);
+      else if constexpr (OP == Op::kShf) x[i] = shf13(x[i], t0);
       else if constexpr (OP == Op::kMulHi) x[i] = mul_hi(x[i], m);
       else if constexpr (OP == Op::kPrmtLop3) x[i] = (i & 1) ? lop3_xor(x[i], t0, t1) : prmt(t0, t1, x[i]);
       else x[i] = (i & 1) ? mul_hi(x[i], m) : prmt(t0, t1, x[i]);
@@ -151,7 +151,7 @@ int main() {
   report("lop3", scalar_ops<Op::kLop3>, sink, dev, scalar, "thread ops");
   report("cvt.rn.f16x2.e4m3x2", scalar_ops<Op::kCvt>, sink, dev, scalar, "thread ops");
   report("prmt and cvt, alternating", scalar_ops<Op::kPrmtCvt>, sink, dev, scalar, "thread ops");
-  report("shf.r.clamp.b32 (SHF)", scalar_ops<Op::kShr>, sink, dev, scalar, "thread ops");
+  report("shf.r.clamp.b32 (SHF)", scalar_ops<Op::kShf>, sink, dev, scalar, "thread ops");
   report("mul.hi.u32 (IMAD.HI)", scalar_ops<Op::kMulHi>, sink, dev, scalar, "thread ops");
   report("prmt and lop3, alternating", scalar_ops<Op::kPrmtLop3>, sink, dev, scalar, "thread ops");
   report("prmt and mul.hi, alternating", scalar_ops<Op::kPrmtMulHi>, sink, dev, scalar, "thread ops");
