@@ -50,25 +50,27 @@ __device__ __forceinline__ uint32_t shf13(uint32_t a, uint32_t b) {
   return r;
 }
 
-enum class Op { kPrmt, kCvt, kLop3, kPrmtCvt, kShf, kMulHi, kPrmtLop3, kPrmtMulHi };
+enum class Op { kPrmt, kCvt, kLop3, kShf, kMulHi };
 
+// One step of a chain of OP.
 template <Op OP>
+__device__ __forceinline__ uint32_t step(uint32_t x, uint32_t t0, uint32_t t1, uint32_t m) {
+  if constexpr (OP == Op::kPrmt) return prmt(t0, t1, x);
+  else if constexpr (OP == Op::kCvt) return e4m3x2_to_f16x2(x);
+  else if constexpr (OP == Op::kLop3) return lop3_xor(x, t0, t1);
+  else if constexpr (OP == Op::kShf) return shf13(x, t0);
+  else return mul_hi(x, m);
+}
+
+// Even chains run EVEN, odd ones ODD: with two instructions, whether they share a pipe.
+template <Op EVEN, Op ODD = EVEN>
 __global__ void scalar_ops(uint32_t* sink, uint32_t seed) {
   uint32_t x[kChains];
   for (int i = 0; i < kChains; ++i) x[i] = seed * (threadIdx.x + i + 1);
   const uint32_t t0 = seed ^ 0x1234u, t1 = seed ^ 0x9876u, m = seed << 14;  // a run-time multiplier
   for (int it = 0; it < kIters; ++it) {
 #pragma unroll
-    for (int i = 0; i < kChains; ++i) {
-      if constexpr (OP == Op::kPrmt) x[i] = prmt(t0, t1, x[i]);
-      else if constexpr (OP == Op::kCvt) x[i] = e4m3x2_to_f16x2(x[i]);
-      else if constexpr (OP == Op::kLop3) x[i] = lop3_xor(x[i], t0, t1);
-      else if constexpr (OP == Op::kPrmtCvt) x[i] = (i & 1) ? e4m3x2_to_f16x2(x[i]) : prmt(t0, t1, x[i]);
-      else if constexpr (OP == Op::kShf) x[i] = shf13(x[i], t0);
-      else if constexpr (OP == Op::kMulHi) x[i] = mul_hi(x[i], m);
-      else if constexpr (OP == Op::kPrmtLop3) x[i] = (i & 1) ? lop3_xor(x[i], t0, t1) : prmt(t0, t1, x[i]);
-      else x[i] = (i & 1) ? mul_hi(x[i], m) : prmt(t0, t1, x[i]);
-    }
+    for (int i = 0; i < kChains; ++i) x[i] = (i & 1) ? step<ODD>(x[i], t0, t1, m) : step<EVEN>(x[i], t0, t1, m);
   }
   uint32_t s = 0;
   for (int i = 0; i < kChains; ++i) s ^= x[i];
@@ -150,11 +152,11 @@ int main() {
   report("prmt", scalar_ops<Op::kPrmt>, sink, dev, scalar, "thread ops");
   report("lop3", scalar_ops<Op::kLop3>, sink, dev, scalar, "thread ops");
   report("cvt.rn.f16x2.e4m3x2", scalar_ops<Op::kCvt>, sink, dev, scalar, "thread ops");
-  report("prmt and cvt, alternating", scalar_ops<Op::kPrmtCvt>, sink, dev, scalar, "thread ops");
+  report("prmt and cvt, alternating", scalar_ops<Op::kPrmt, Op::kCvt>, sink, dev, scalar, "thread ops");
   report("shf.r.clamp.b32 (SHF)", scalar_ops<Op::kShf>, sink, dev, scalar, "thread ops");
   report("mul.hi.u32 (IMAD.HI)", scalar_ops<Op::kMulHi>, sink, dev, scalar, "thread ops");
-  report("prmt and lop3, alternating", scalar_ops<Op::kPrmtLop3>, sink, dev, scalar, "thread ops");
-  report("prmt and mul.hi, alternating", scalar_ops<Op::kPrmtMulHi>, sink, dev, scalar, "thread ops");
+  report("prmt and lop3, alternating", scalar_ops<Op::kPrmt, Op::kLop3>, sink, dev, scalar, "thread ops");
+  report("prmt and mul.hi, alternating", scalar_ops<Op::kPrmt, Op::kMulHi>, sink, dev, scalar, "thread ops");
   const double warp_mmas = double(kIters / 2) * 4 / 32;  // per thread: a warp's mma counted once
   report("mma.sync m16n8k16 f16", mma_ops<false>, sink, dev, warp_mmas, "warp mma");
   report("mma.sync m16n8k32 e4m3", mma_ops<true>, sink, dev, warp_mmas, "warp mma");
