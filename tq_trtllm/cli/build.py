@@ -74,7 +74,9 @@ def default_calibration_text() -> tuple[str, str]:
 @click.option("--stats-context", type=click.IntRange(min=1), default=CalibrationOptions.stats_context,
               show_default=True,
               help="Positions the key and query statistics stand for (RoPE turns queries and keys "
-                   "further at later positions); at most the model's context limit.")
+                   "further at later positions); at most the model's context limit. A longer one "
+                   "retrieves better near that length and worse at shorter ones (docs/QUALITY.md, "
+                   "sessions 9 and 30).")
 @click.option("--seed", type=click.IntRange(0, 2**31), default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
 @clean_errors
