@@ -192,6 +192,57 @@ def test_needle_compares_several_engines_over_several_seeds(engine, checkpoint, 
     assert_clean_error(invoke(tq_eval, "needle", "--engine", named_fp8, "--baseline", "fp8"), "named 'fp8'")
 
 
+def test_needle_rows_file_resumes_a_run_and_pools_runs(engine, calib_file, tmp_path):
+    def needle(rows_file, seeds):
+        rows = ("--rows", rows_file) if rows_file else ()
+        result = invoke(tq_eval, "needle", "--engine", engine, "--lengths", "64", "--seeds", seeds,
+                        "--filler", calib_file, "--graded", "--json", *rows)
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    def lines(path):
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    fresh = needle(None, "0-2")
+    rows_file = tmp_path / "rows.jsonl"
+    first = needle(rows_file, "0-1")
+    assert [[r["seed"] for r in line["rows"]] for line in lines(rows_file)] == [[0] * 3, [1] * 3]
+    assert first["answers"] == fresh["answers"][:6]
+    # a prompt in the file is taken from it, not run again: a doctored answer comes back
+    doctored = lines(rows_file)
+    doctored[0]["rows"][0]["answers"][engine.name] = "doctored"
+    rows_file.write_text("".join(json.dumps(line) + "\n" for line in doctored))
+    # a last line cut short (the run was stopped while writing it) is dropped, then the run goes on
+    with open(rows_file, "a") as f:
+        f.write('{"run": {"caches"')
+    resumed = needle(rows_file, "0-2")
+    assert resumed["answers"][0]["answers"][engine.name] == "doctored"
+    assert resumed["answers"][1:] == fresh["answers"][1:]
+    assert [line["rows"][0]["seed"] for line in lines(rows_file)] == [0, 1, 2]
+    # the files of runs on other seeds, concatenated, give the one report; nothing runs again
+    other = tmp_path / "other.jsonl"
+    needle(other, "3")
+    pooled = tmp_path / "pooled.jsonl"
+    pooled.write_text(rows_file.read_text() + other.read_text())
+    report = needle(pooled, "1-3")
+    assert [r["seed"] for r in report["answers"]] == [s for s in (1, 2, 3) for _ in range(3)]
+    assert report["answers"][:6] == fresh["answers"][3:] and len(lines(pooled)) == 4
+    # rows of another run are refused, and so is a line that is not one of these files'
+    refused = invoke(tq_eval, "needle", "--engine", engine, "--lengths", "64", "--seeds", "0",
+                     "--filler", calib_file, "--rows", rows_file)
+    assert_clean_error(refused, "holds prompts of another run", "graded")
+    moved = lines(rows_file)
+    moved[1]["rows"][0]["key"] = "12345"  # a prompt this run would not ask
+    rows_file.write_text("".join(json.dumps(line) + "\n" for line in moved))
+    assert_clean_error(invoke(tq_eval, "needle", "--engine", engine, "--lengths", "64", "--seeds", "1",
+                              "--filler", calib_file, "--graded", "--rows", rows_file),
+                       "seed 1, 64 tokens, depth 0.1 is not this run's")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("not json\n")
+    assert_clean_error(invoke(tq_eval, "needle", "--engine", engine, "--lengths", "64", "--rows", bad),
+                       "line 1, is not a line of tq-eval needle --rows")
+
+
 def test_engines_with_one_directory_name_are_refused(engine, calib_file, tmp_path):
     twin = tmp_path / "copy" / engine.name
     shutil.copytree(engine, twin)

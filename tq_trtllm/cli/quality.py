@@ -41,6 +41,15 @@ def _open_engines(paths):
     return first.loaded, out
 
 
+def _table_digest(path, manifest) -> str:
+    """What identifies an engine's tables in a --rows file: their bytes' hash."""
+    import hashlib
+
+    from ..engine import TABLES
+
+    return hashlib.sha256((Path(path) / manifest.get("tables", TABLES)).read_bytes()).hexdigest()[:16]
+
+
 @click.command(help="Perplexity and top-1 agreement: FP16 cache vs the engine's cache, same windows.")
 @click.option("--engine", "engines", multiple=True, type=click.Path(), required=True,
               help="Engine directory; repeat to compare several engines of one model.")
@@ -140,15 +149,20 @@ def _depths(text: str) -> list[float]:
               help="Also score each prompt by the key's teacher-forced log-probability under each "
                    "cache (one more forward pass per prompt and cache) and report its mean change "
                    "against FP16 per length and over all lengths, with a 95% interval.")
+@click.option("--rows", "rows_file", type=click.Path(dir_okay=False),
+              help="Append each finished seed's prompts to this file (JSON lines), and take the "
+                   "prompts already in it instead of running them again: a stopped run resumes, "
+                   "and the files of runs on other seeds, concatenated, give one report.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object (with every prompt's answers under 'answers').")
 @device_option
 @clean_errors
-def needle(engines, lengths, seeds, depths, filler, baselines, graded, as_json, device):
+def needle(engines, lengths, seeds, depths, filler, baselines, graded, rows_file, as_json, device):
     from tqdm import tqdm
 
     from ..eval.baselines import RoundtripCache
     from ..eval.needle import check_length, graded_changes, paired_changes, passkey_accuracy
+    from ..eval.needle_rows import append_rows, read_rows
     from ..integrations.cache import TurboQuantCache
 
     lengths, seeds, depths = _lengths(lengths), _seeds(seeds), _depths(depths)
@@ -170,10 +184,18 @@ def needle(engines, lengths, seeds, depths, filler, baselines, graded, as_json, 
     if filler is not None:
         text, source = read_corpus(filler)
         corpus_ids = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
+    known, on_seed = {}, None
+    if rows_file is not None:
+        run = {"caches": list(factories), "filler": source, "graded": graded,
+               "engines": {name: _table_digest(path, manifest)
+                           for path, (name, manifest, _) in zip(engines, opened)}}
+        known = read_rows(rows_file, run)
+        on_seed = lambda new: append_rows(rows_file, run, new)  # noqa: E731
     bar = tqdm(total=len(seeds) * len(lengths) * len(depths) * len(factories),
                desc="passkey prompts")  # stderr
     results, rows = passkey_accuracy(loaded.model, loaded.tokenizer, lengths, factories, seeds,
-                                     depths, progress=bar.update, corpus_ids=corpus_ids, graded=graded)
+                                     depths, progress=bar.update, corpus_ids=corpus_ids, graded=graded,
+                                     known=known, on_seed=on_seed)
     bar.close()
     names = [name for name, _, _ in opened] + baselines
     changes = {name: paired_changes(rows, name) for name in names}

@@ -49,7 +49,8 @@ def key_log_prob(model, tokenizer, ids: torch.Tensor, key: str, cache) -> float:
 
 def passkey_accuracy(model, tokenizer, lengths, cache_factories: dict, seeds=(0,),
                      depths=DEPTHS, progress=None, corpus_ids: list[int] | None = None,
-                     graded: bool = False) -> tuple[dict, list[dict]]:
+                     graded: bool = False, known: dict | None = None,
+                     on_seed=None) -> tuple[dict, list[dict]]:
     """cache_factories: name -> zero-argument cache factory. Every seed draws its own keys (and
     filler stretches); every cache answers the same prompts. Returns (name -> {length: accuracy
     over all seeds}, one row per prompt: its seed, length, depth and key, and under "answers" each
@@ -58,7 +59,9 @@ def passkey_accuracy(model, tokenizer, lengths, cache_factories: dict, seeds=(0,
     corpus_ids: tokens of running text; each prompt's filler is then its own stretch of it (the
     row's filler_start), so the prompts of a length are not one filler with different keys, whose
     answers move together (docs/QUALITY.md, session 10). None: FILLER repeated, as before.
-    graded: each row also holds every cache's key_log_prob (see there) under "key_log_prob"."""
+    graded: each row also holds every cache's key_log_prob (see there) under "key_log_prob".
+    known: (seed, length, depth) -> a row of an earlier run of the same caches (needle_rows), taken
+    instead of running that prompt again. on_seed(rows): called with each seed's newly run rows."""
     use_turboquant_attention(model)
     max_context = int(getattr(model.config, "max_position_embeddings", 2048))
     for length in lengths:
@@ -69,6 +72,7 @@ def passkey_accuracy(model, tokenizer, lengths, cache_factories: dict, seeds=(0,
     rows = []
     for seed in seeds:
         rng, filler_rng = random.Random(seed), random.Random(f"filler {seed}")
+        fresh = []
         for length in lengths:
             trials = [{"seed": seed, "length": length, "depth": depth,
                        "key": str(rng.randint(10000, 99999))} for depth in depths]
@@ -76,26 +80,45 @@ def passkey_accuracy(model, tokenizer, lengths, cache_factories: dict, seeds=(0,
                 for trial in trials:  # their own generator: the keys stay those of the default filler
                     trial["filler_start"] = filler_rng.randrange(len(corpus_ids) - length + 1)
             for trial in trials:
+                old = (known or {}).get((seed, length, trial["depth"]))
+                if old is not None:
+                    if (old["key"], old.get("filler_start")) != (trial["key"], trial.get("filler_start")):
+                        raise TQError(f"the earlier run's prompt for seed {seed}, {length} tokens, "
+                                      f"depth {trial['depth']} is not this run's; it was written by "
+                                      "another version of tq-eval needle")
+                    trial.update(old)
+                    if progress:
+                        progress(len(cache_factories))
+                    continue
+                fresh.append(trial)
                 start = trial.get("filler_start")
                 ids = passkey_prompt(tokenizer, length, trial["depth"], trial["key"], None
                                      if start is None else corpus_ids[start:start + length]).to(model.device)
-                trial["answers"] = {}
-                if graded:
-                    trial["key_log_prob"] = {}
-                for name, factory in cache_factories.items():  # the same prompt for every cache
-                    with torch.inference_mode():
-                        out = model.generate(ids, attention_mask=torch.ones_like(ids),
-                                             past_key_values=factory(), max_new_tokens=8,
-                                             do_sample=False, pad_token_id=tokenizer.eos_token_id)
-                        if graded:
-                            trial["key_log_prob"][name] = key_log_prob(model, tokenizer, ids, trial["key"], factory())
-                    trial["answers"][name] = tokenizer.decode(out[0, ids.shape[1]:])
-                    if progress:
-                        progress()
+                _answer(model, tokenizer, ids, trial, cache_factories, graded, progress)
             rows += trials
+        if on_seed and fresh:
+            on_seed(fresh)
     results = {name: {length: _hit_rate([r for r in rows if r["length"] == length], name)
                       for length in lengths} for name in cache_factories}
     return results, rows
+
+
+def _answer(model, tokenizer, ids: torch.Tensor, trial: dict, cache_factories: dict, graded: bool,
+            progress) -> None:
+    """Every cache's answer to the prompt `ids` (and with `graded` its key_log_prob) into `trial`."""
+    trial["answers"] = {}
+    if graded:
+        trial["key_log_prob"] = {}
+    for name, factory in cache_factories.items():  # the same prompt for every cache
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids),
+                                 past_key_values=factory(), max_new_tokens=8,
+                                 do_sample=False, pad_token_id=tokenizer.eos_token_id)
+            if graded:
+                trial["key_log_prob"][name] = key_log_prob(model, tokenizer, ids, trial["key"], factory())
+        trial["answers"][name] = tokenizer.decode(out[0, ids.shape[1]:])
+        if progress:
+            progress()
 
 
 def _hit(row: dict, name: str) -> bool:
