@@ -207,6 +207,7 @@ def test_needle_rows_file_resumes_a_run_and_pools_runs(engine, calib_file, tmp_p
     rows_file = tmp_path / "rows.jsonl"
     first = needle(rows_file, "0-1")
     assert [[r["seed"] for r in line["rows"]] for line in lines(rows_file)] == [[0] * 3, [1] * 3]
+    assert lines(rows_file)[0]["run"]["backend"] == "reference"  # CPU rows never pool with GPU ones
     assert first["answers"] == fresh["answers"][:6]
     # a prompt in the file is taken from it, not run again: a doctored answer comes back
     doctored = lines(rows_file)

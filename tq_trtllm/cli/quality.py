@@ -152,7 +152,8 @@ def _depths(text: str) -> list[float]:
 @click.option("--rows", "rows_file", type=click.Path(dir_okay=False),
               help="Append each finished seed's prompts to this file (JSON lines), and take the "
                    "prompts already in it instead of running them again: a stopped run resumes, "
-                   "and the files of runs on other seeds, concatenated, give one report.")
+                   "and the files of runs on other seeds, concatenated, give one report (rows of "
+                   "other caches, tables, filler, --graded or device are refused).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object (with every prompt's answers under 'answers').")
 @device_option
@@ -186,7 +187,7 @@ def needle(engines, lengths, seeds, depths, filler, baselines, graded, rows_file
         corpus_ids = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
     known, on_seed = {}, None
     if rows_file is not None:
-        run = {"caches": list(factories), "filler": source, "graded": graded,
+        run = {"caches": list(factories), "filler": source, "graded": graded, "backend": backend,
                "engines": {name: _table_digest(path, manifest)
                            for path, (name, manifest, _) in zip(engines, opened)}}
         known = read_rows(rows_file, run)

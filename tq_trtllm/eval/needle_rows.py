@@ -2,8 +2,9 @@
 JSON line, so that a run stopped early (a deadline, a crash) resumes where it stopped, and the
 files of runs on other seeds, concatenated, give one report.
 
-A line is {"run": what produced the prompts (caches, engine tables, filler, graded), "rows": the
-prompts of one seed, as passkey_accuracy returns them}. Rows are only reused for the same run.
+A line is {"run": what produced the prompts (caches, engine tables, filler, graded, backend),
+"rows": the prompts of one seed, as passkey_accuracy returns them}. Rows are only reused for the
+same run.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ def read_rows(path: str | Path, run: dict) -> dict:
             differs = "; ".join(f"{key}: {entry_run.get(key)!r} there, {value!r} now"
                                 for key, value in run.items() if entry_run.get(key) != value)
             raise TQError(f"{path}, line {number}, holds prompts of another run ({differs}); give "
-                          "the engines, --baseline, --filler and --graded of the run that wrote "
-                          "it, or another --rows file")
+                          "the engines, --baseline, --filler, --graded and --device of the run "
+                          "that wrote it, or another --rows file")
         for row in rows:
             known[(row["seed"], row["length"], row["depth"])] = row
     return known
