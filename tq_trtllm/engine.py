@@ -91,10 +91,14 @@ def read_manifest(path: Path) -> dict:
     return manifest
 
 
+def tables_path(path: str | Path, manifest: dict) -> Path:
+    """The engine directory `path`'s tables file, as its manifest names it."""
+    return Path(path) / manifest.get("tables", TABLES)
+
+
 def open_engine(path: str | Path) -> Engine:
     path = Path(path)
     manifest = read_manifest(path)
     loaded = load_model(manifest["model"], manifest.get("checkpoint"))
-    table = load_table(path / manifest.get("tables", TABLES),
-                       fingerprint(loaded.family.name, loaded.config))
+    table = load_table(tables_path(path, manifest), fingerprint(loaded.family.name, loaded.config))
     return Engine(path, manifest, table, loaded)

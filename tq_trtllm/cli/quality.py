@@ -20,7 +20,7 @@ BASELINE_HELP = "Also measure a reference cache (repeatable): eval/baselines.py.
 def _open_engines(paths):
     """Engines that share one model, loaded once: (loaded model, [(name, manifest, table)])."""
     from ..calibration.tables_io import load_table
-    from ..engine import TABLES, open_engine, read_manifest
+    from ..engine import open_engine, read_manifest, tables_path
     from ..models.fingerprint import fingerprint
 
     if not paths:
@@ -37,7 +37,7 @@ def _open_engines(paths):
         if (manifest["model"], manifest.get("checkpoint")) != (first.manifest["model"],
                                                                 first.manifest.get("checkpoint")):
             raise TQError(f"engine {path} is for another model than {paths[0]}; compare engines of one model")
-        out.append((Path(path).name, manifest, load_table(Path(path) / manifest.get("tables", TABLES), fp)))
+        out.append((Path(path).name, manifest, load_table(tables_path(path, manifest), fp)))
     return first.loaded, out
 
 
@@ -45,9 +45,9 @@ def _table_digest(path, manifest) -> str:
     """What identifies an engine's tables in a --rows file: their bytes' hash."""
     import hashlib
 
-    from ..engine import TABLES
+    from ..engine import tables_path
 
-    return hashlib.sha256((Path(path) / manifest.get("tables", TABLES)).read_bytes()).hexdigest()[:16]
+    return hashlib.sha256(tables_path(path, manifest).read_bytes()).hexdigest()[:16]
 
 
 @click.command(help="Perplexity and top-1 agreement: FP16 cache vs the engine's cache, same windows.")
