@@ -239,9 +239,10 @@ def test_needle_rows_file_resumes_a_run_and_pools_runs(engine, calib_file, tmp_p
                               "--filler", calib_file, "--graded", "--rows", rows_file),
                        "seed 1, 64 tokens, depth 0.1 is not this run's")
     bad = tmp_path / "bad.jsonl"
-    bad.write_text("not json\n")
-    assert_clean_error(invoke(tq_eval, "needle", "--engine", engine, "--lengths", "64", "--rows", bad),
-                       "line 1, is not a line of tq-eval needle --rows")
+    for text in ("not json\n", json.dumps({"run": {}, "rows": [{"seed": 0}]}) + "\n"):
+        bad.write_text(text)
+        assert_clean_error(invoke(tq_eval, "needle", "--engine", engine, "--lengths", "64", "--rows", bad),
+                           "line 1, is not a line of tq-eval needle --rows")
 
 
 def test_engines_with_one_directory_name_are_refused(engine, calib_file, tmp_path):

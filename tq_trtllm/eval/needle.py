@@ -63,6 +63,7 @@ def passkey_accuracy(model, tokenizer, lengths, cache_factories: dict, seeds=(0,
     known: (seed, length, depth) -> a row of an earlier run of the same caches (needle_rows), taken
     instead of running that prompt again. on_seed(rows): called with each seed's newly run rows."""
     use_turboquant_attention(model)
+    known = known or {}
     max_context = int(getattr(model.config, "max_position_embeddings", 2048))
     for length in lengths:
         check_length(length, max_context, 8)
@@ -80,7 +81,7 @@ def passkey_accuracy(model, tokenizer, lengths, cache_factories: dict, seeds=(0,
                 for trial in trials:  # their own generator: the keys stay those of the default filler
                     trial["filler_start"] = filler_rng.randrange(len(corpus_ids) - length + 1)
             for trial in trials:
-                old = (known or {}).get((seed, length, trial["depth"]))
+                old = known.get((seed, length, trial["depth"]))
                 if old is not None:
                     if (old["key"], old.get("filler_start")) != (trial["key"], trial.get("filler_start")):
                         raise TQError(f"the earlier run's prompt for seed {seed}, {length} tokens, "

@@ -34,7 +34,8 @@ def read_rows(path: str | Path, run: dict) -> dict:
     for number, line in enumerate(lines[:-1], start=1):
         try:
             entry = json.loads(line)
-            entry_run, rows = entry["run"], entry["rows"]
+            entry_run = entry["run"]
+            rows = {(row["seed"], row["length"], row["depth"]): row for row in entry["rows"]}
         except (ValueError, KeyError, TypeError) as e:
             raise TQError(f"{path}, line {number}, is not a line of tq-eval needle --rows ({e}); "
                           "move the file away or give another --rows file") from None
@@ -44,8 +45,7 @@ def read_rows(path: str | Path, run: dict) -> dict:
             raise TQError(f"{path}, line {number}, holds prompts of another run ({differs}); give "
                           "the engines, --baseline, --filler, --graded and --device of the run "
                           "that wrote it, or another --rows file")
-        for row in rows:
-            known[(row["seed"], row["length"], row["depth"])] = row
+        known.update(rows)
     return known
 
 
