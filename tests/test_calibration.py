@@ -1,11 +1,14 @@
 """Calibration on a tiny random Llama: statistics, scales, outliers, widths under a budget."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from hf_fixtures import tiny_model, tiny_text, tiny_tokenizer
 from tq_trtllm.calibration.allocate import EFFECTIVE_OVERHEAD, allocate_widths
-from tq_trtllm.calibration.calibrate import CalibrationOptions, calibrate, collect_stats, rotary_mean
+from tq_trtllm.calibration.calibrate import (CalibrationOptions, balanced_lengths, calibrate, collect_stats,
+                                             rotary_mean)
 from tq_trtllm.calibration.capture import run_observed, token_windows
 from tq_trtllm.calibration.page_mass import lse_inflation, measure_page_shifts
 from tq_trtllm.calibration.sensitivity import fisher_gradients
@@ -111,6 +114,44 @@ def test_key_scale_is_the_fourth_root_rule():
     assert torch.allclose(ratio, torch.tensor([1.0, 2.0, 4.0, 8.0], dtype=torch.float64))
 
 
+def _log_error(keys, queries, s):
+    """sum over lengths of log E_L(s) = log(sum K / s^2) + log(sum Q s^2), per head."""
+    return ((keys / s**2).sum(-1).log() + (queries * s**2).sum(-1).log()).sum(0)
+
+
+def test_length_balanced_key_scale_minimizes_the_summed_log_error(gen):
+    inv_freq = torch.tensor([1.0, 0.05, 0.002, 0.0], dtype=torch.float64)
+    s = ChannelStats.zeros(2, 8, inv_freq, context=64)
+    q, k = (torch.randn(3, 2, 64, 8, generator=gen, dtype=torch.float64) * torch.arange(1.0, 9.0)
+            for _ in range(2))
+    s.add(q, k, k, skip=0)
+    lengths = (100, 400, 3000)
+    balanced = s.key_scale(True, lengths)
+    # keys over positions 0 .. n - 1; queries over the last quarter, turned here from their moments
+    keys = torch.stack([replace(s, context=n).key_power(True) for n in lengths])
+    aa, bb, ab = (s.q_pairs / s.tokens).unbind(-1)
+    queries = []
+    for n in lengths:
+        angle = torch.arange(n - n // 4, n, dtype=torch.float64)[:, None] * inv_freq
+        cc, ss, cs = (angle.cos() ** 2).mean(0), (angle.sin() ** 2).mean(0), \
+            (angle.cos() * angle.sin()).mean(0)
+        queries.append(torch.cat([aa * cc + bb * ss - 2 * ab * cs, bb * cc + aa * ss + 2 * ab * cs], -1))
+    queries = torch.stack(queries)
+    # one length: the fourth-root rule over that length's keys and the last quarter's queries
+    rule = (keys[1] / queries[1]) ** 0.25
+    torch.testing.assert_close(s.key_scale(True, (400,)), rule / rule.log().mean(-1, keepdim=True).exp())
+    best = _log_error(keys, queries, balanced)
+    # a stationary point of a convex function: no nudge of any channel lowers it
+    for c in range(8):
+        for f in (0.98, 1.02):
+            nudged = balanced.clone()
+            nudged[:, c] *= f
+            assert (_log_error(keys, queries, nudged) > best - 1e-12).all()
+    # and below each length's own fourth-root scale
+    for n in lengths:
+        assert (best <= _log_error(keys, queries, s.key_scale(True, (n,))) + 1e-12).all()
+
+
 def test_value_scale_is_the_fourth_root_rule_with_output_weights():
     s = ChannelStats.zeros(1, 4, torch.zeros(2), 10, value_weight=torch.tensor([[1.0, 16.0, 1.0, 16.0]], dtype=torch.float64))
     v = torch.tensor([[[[1.0, 2.0, 4.0, 8.0]]]]).expand(1, 1, 10, 4)
@@ -162,6 +203,14 @@ def test_calibrated_table_is_sane(loaded):
             assert (outliers is None) == float(width).is_integer()
     assert table.calibration["source"] == "tiny" and "fisher_costs" in table.calibration
     assert table.calibration["stats_context"] == 256  # the default 2,048, cut to the model's limit
+    # the key scale balanced over the lengths up to the model's limit: here the limit alone
+    assert list(table.calibration["key_scale_lengths"]) == [256]
+
+
+def test_balanced_lengths_double_from_1024_to_the_context():
+    assert balanced_lengths(8192) == (1024, 2048, 4096, 8192)
+    assert balanced_lengths(3000) == (1024, 2048, 3000)
+    assert balanced_lengths(256) == (256,)
 
 
 def test_value_scale_option_reaches_the_value_codec(loaded):

@@ -78,6 +78,20 @@ def test_build_retrieval_windows_flag(tmp_path, checkpoint, calib_file):
     assert table.calibration["retrieval_windows"] == 1
 
 
+def test_build_key_scale_lengths_flag(tmp_path, checkpoint, calib_file):
+    scales = {}
+    for choice, recorded in (("context", []), ("64,128", [64, 128])):
+        out = tmp_path / choice.replace(",", "-")
+        result = invoke(build, "--checkpoint", checkpoint, "--calib-text", calib_file, "--kv-bits", "4",
+                        "--uniform", "--key-scale-lengths", choice, "--output", out,
+                        "--calib-windows", "1", "--json")
+        assert result.exit_code == 0, result.output
+        table = load_table(out / json.loads(result.output)["tables"])
+        assert table.calibration["key_scale_lengths"] == recorded
+        scales[choice] = table.layers[0].key_scale
+    assert not scales["context"].allclose(scales["64,128"])
+
+
 def test_run_prints_text_and_kv_bytes(engine):
     result = invoke(run, "--engine", engine, "--prompt", "the time of the new", "--max-new-tokens", "5",
                     "--json")
@@ -269,6 +283,8 @@ def test_too_long_prompt_is_refused(engine):
     (("--backend", "trtllm"), ("TensorRT-LLM engine path is not available yet",)),
     (("--checkpoint", "/nonexistent/model.gguf"), ("does not exist",)),
     (("--calib-text", "/nonexistent/text.txt"), ("does not exist",)),
+    (("--key-scale-lengths", "1024,long"), ("not a comma-separated list of token counts",)),
+    (("--key-scale-lengths", "16"), ("at least 64 tokens",)),
 ])
 def test_build_bad_input(tmp_path, args, fragments):
     assert_clean_error(invoke(build, "--output", tmp_path / "e", *args), *fragments)

@@ -51,11 +51,25 @@ class CalibrationOptions:
     # on SmolLM2-135M, 16 pairs take the keys' centred energy down by 41% at the calibration
     # positions and by 79% at positions 6,000-8,000 (docs/QUALITY.md, session 8); 0: none
     rotary_pairs: int = 16
-    # positions the key and query statistics stand for (stats.py): 512 fits the calibration windows'
-    # own positions, 8,192 cost 3-bit passkey at 1,024 tokens; 2,048 was the only setting whose
-    # passkey equalled FP16 at every length (docs/QUALITY.md, session 9)
+    # positions the key mean and outlier channels stand for (stats.py), and the key scale when
+    # key_scale_lengths is empty: as the scale's context, 512 fitted the calibration windows' own
+    # positions, 8,192 cost 3-bit passkey at 1,024 tokens, 2,048 at 8,000 (docs/QUALITY.md,
+    # sessions 9 and 30)
     stats_context: int = 2048
+    # prompt lengths the key scale is balanced over (stats.py); None: powers of two from 1,024 to
+    # the model's context; empty: fitted to stats_context alone, which at 2,048 lost 0.34 nats of
+    # passkey at 8,000 tokens against the balanced scale (docs/QUALITY.md, session 31)
+    key_scale_lengths: tuple[int, ...] | None = None
     seed: int = 0
+
+
+def balanced_lengths(max_context: int, shortest: int = 1024) -> tuple[int, ...]:
+    """Powers of two from `shortest` up to the model's context, and the context itself."""
+    lengths, n = [], shortest
+    while n < max_context:
+        lengths.append(n)
+        n *= 2
+    return (*lengths, max_context)
 
 
 def collect_stats(model, windows: torch.Tensor, skip: int, context: int,
@@ -85,15 +99,16 @@ def rotary_mean(stats: ChannelStats, pairs: int, skip: int) -> tuple[RotaryMean,
     return rotary, stats.less(rotary.vectors(torch.tensor(-skip), head_dim))
 
 
-def _layer_table(stats: ChannelStats, head_dim: int, key_width: float, value_width: float,
-                 seed: int, opts: CalibrationOptions, rotary: RotaryMean | None) -> LayerTable:
+def _layer_table(stats: ChannelStats, key_scale: torch.Tensor | None, head_dim: int, key_width: float,
+                 value_width: float, seed: int, opts: CalibrationOptions,
+                 rotary: RotaryMean | None) -> LayerTable:
     n_k = CodecSpec(head_dim, key_width).num_outliers
     n_v = CodecSpec(head_dim, value_width).num_outliers
     f32 = torch.float32
     layer = LayerTable(
         key_width, value_width, seed,
         key_mean=stats.key_mean.to(f32) if opts.key_mean else None,
-        key_scale=stats.key_scale(opts.key_mean).to(f32) if opts.key_scale else None,
+        key_scale=None if key_scale is None else key_scale.to(f32),
         key_outliers=stats.key_outliers(n_k, opts.key_mean) if n_k else None,
         value_mean=stats.value_mean.to(f32) if opts.value_mean else None,
         value_scale=stats.value_scale(opts.value_mean).to(f32) if opts.value_scale else None,
@@ -117,16 +132,22 @@ def calibrate(loaded: LoadedModel, text: str, kv_bits: str, opts: CalibrationOpt
         raise TQError(f"the calibration text has too few tokens: at least {needed * opts.window} are "
                       "needed; give a longer --calib-text")
     # positions beyond the model's limit never occur
-    opts = replace(opts, stats_context=min(opts.stats_context, loaded.max_context))
+    lengths = balanced_lengths(loaded.max_context) if opts.key_scale_lengths is None \
+        else opts.key_scale_lengths
+    opts = replace(opts, stats_context=min(opts.stats_context, loaded.max_context),
+                   key_scale_lengths=tuple(sorted({min(n, loaded.max_context) for n in lengths})))
     stats = collect_stats(loaded.model, windows[: opts.windows], opts.sink_tokens, opts.stats_context,
                           progress)
     rotary = [None] * n_layers
     if opts.rotary_pairs:
         rotary, stats = zip(*(rotary_mean(s, opts.rotary_pairs, opts.sink_tokens) for s in stats))
+    # the same in every candidate table, and the length-balanced one takes an iteration
+    scales = [s.key_scale(opts.key_mean, opts.key_scale_lengths) if opts.key_scale else None
+              for s in stats]
 
     def build(widths: dict) -> KVTable:
-        layers = [_layer_table(stats[i], head_dim, widths[(i, 0)], widths[(i, 1)], opts.seed + i, opts,
-                               rotary[i]) for i in range(n_layers)]
+        layers = [_layer_table(stats[i], scales[i], head_dim, widths[(i, 0)], widths[(i, 1)],
+                               opts.seed + i, opts, rotary[i]) for i in range(n_layers)]
         if opts.page_shift:  # measured once the widths are known; its bytes count from the start
             for layer in layers:
                 layer.page_lse_shift = torch.zeros(fp["heads"])
@@ -143,7 +164,7 @@ def calibrate(loaded: LoadedModel, text: str, kv_bits: str, opts: CalibrationOpt
         if opts.retrieval_windows:
             fisher = torch.cat([fisher, retrieval_windows(loaded.tokenizer, text, opts.window,
                                                           opts.retrieval_windows, opts.seed)])
-        costs = measure_costs(loaded.model, fisher, stats, rotary, head_dim, opts, progress)
+        costs = measure_costs(loaded.model, fisher, stats, scales, rotary, head_dim, opts, progress)
         widths = allocate_widths(costs, key_w, lambda w: CodecSpec(head_dim, w).bytes_per_token,
                                  lambda w: build(w).effective_bits(REFERENCE_CONTEXT))
         table = build(widths)
@@ -157,8 +178,8 @@ def calibrate(loaded: LoadedModel, text: str, kv_bits: str, opts: CalibrationOpt
     return table
 
 
-def measure_costs(model, windows: torch.Tensor, stats: list[ChannelStats], rotary: list,
-                  head_dim: int, opts: CalibrationOptions, progress: bool) -> dict:
+def measure_costs(model, windows: torch.Tensor, stats: list[ChannelStats], key_scales: list,
+                  rotary: list, head_dim: int, opts: CalibrationOptions, progress: bool) -> dict:
     """Fisher cost of every (layer, K/V, candidate width), summed over the windows."""
     costs: dict = {}
     bar = tqdm(total=windows.shape[0] * len(stats), desc="layer sensitivity", disable=not progress)
@@ -167,8 +188,8 @@ def measure_costs(model, windows: torch.Tensor, stats: list[ChannelStats], rotar
                                     opts.recent_tokens)
         for layer, (k, v, grads_k, grads_v) in captured.items():
             for width in CANDIDATE_WIDTHS:
-                codecs = _layer_table(stats[layer], head_dim, width, width, opts.seed + layer,
-                                      opts, rotary[layer]).codecs(head_dim)
+                codecs = _layer_table(stats[layer], key_scales[layer], head_dim, width, width,
+                                      opts.seed + layer, opts, rotary[layer]).codecs(head_dim)
                 for kind, (x, grads) in enumerate(((k, grads_k), (v, grads_v))):
                     slot = costs.setdefault((layer, kind), {})
                     slot[width] = slot.get(width, 0.0) + fisher_cost(x, grads, codecs[kind],

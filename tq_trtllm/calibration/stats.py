@@ -14,6 +14,14 @@ over channels, so the logit error q . (s * e) has variance proportional to
 sum_c E[z_c^2] * sum_c E[q_c^2] s_c^2 = sum_c E[k'_c^2] / s_c^2 * sum_c E[q_c^2] s_c^2 (k' = k - mean).
 By Cauchy-Schwarz this is smallest at s_c = (E[k'_c^2] / E[q_c^2])^(1/4); the scale folds into the
 query at attention time (q . k = (q * s) . (k / s)), so logits are unchanged in exact arithmetic.
+One scale serves every position, but RoPE turns slowly rotating pairs on: on SmolLM2-135M, the scale
+fitted to positions 0-2,047 leaves the logit error of 8,000-token prompts 30% above that length's
+optimum (docs/QUALITY.md, session 31). Balanced over prompt lengths L (`lengths`), the scale
+minimizes sum_L log E_L(s), E_L the error above with keys at positions 0 .. L - 1 and queries at the
+last quarter of them: each length's error relative to its own optimum counts alike. That sum is
+convex in log s, and its stationary point solves s_c^4 = sum_L (K_Lc / A_L) / sum_L (Q_Lc / B_L),
+A_L = sum_c K_Lc / s_c^2, B_L = sum_c Q_Lc s_c^2, which is iterated to its fixed point; with one
+length it is the closed form above.
 Outlier channels of a fractional key width are those with the largest sqrt(E[k'_c^2] E[q_c^2]), the
 channel's share of the logit error after scaling.
 
@@ -35,6 +43,8 @@ import torch
 from ..core.rotary_mean import pre_rope
 
 SCALE_FLOOR = 1e-6
+BALANCE_ITERATIONS = 500  # fixed-point steps of the length-balanced key scale (converges in ~50)
+BALANCE_TOLERANCE = 1e-9  # largest relative change of a channel's scale that ends the iteration
 
 
 @dataclass
@@ -97,9 +107,12 @@ class ChannelStats:
     @property
     def key_mean(self) -> torch.Tensor:
         """The post-RoPE key mean over the context's positions."""
+        return self._turned_mean(self._turn_averages)
+
+    def _turned_mean(self, averages: tuple[torch.Tensor, ...]) -> torch.Tensor:
         mean = self.pre_rope_key_mean
         half = mean.shape[-1] // 2
-        cos, sin = self._turn_averages[:2]
+        cos, sin = averages[:2]
         a, b = mean[:, :half], mean[:, half:]
         return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
 
@@ -109,21 +122,31 @@ class ChannelStats:
 
     def key_power(self, centred: bool) -> torch.Tensor:
         """E[k'_c^2] over the context's positions, k' = k - key_mean when centred, else k."""
-        power = self._turned_power(self.k_pairs / self.tokens)
+        power = self._turned_power(self.k_pairs / self.tokens, self._turn_averages)
         return power - self.key_mean**2 if centred else power
 
     @property
     def query_power(self) -> torch.Tensor:
         """E[q_c^2] over the context's positions."""
-        return self._turned_power(self.q_pairs / self.tokens)
+        return self._turned_power(self.q_pairs / self.tokens, self._turn_averages)
 
     def value_power(self, centred: bool) -> torch.Tensor:
         power = self.v_sq / self.tokens
         return power - self.value_mean**2 if centred else power
 
-    def key_scale(self, centred: bool) -> torch.Tensor:
-        """s_c = (E[k'_c^2] / E[q_c^2])^(1/4), normalized to geometric mean 1 per head."""
-        return _balanced_scale(self.key_power(centred), self.query_power)
+    def key_scale(self, centred: bool, lengths: tuple[int, ...] = ()) -> torch.Tensor:
+        """s_c = (E[k'_c^2] / E[q_c^2])^(1/4) over the context, or balanced over prompt `lengths`;
+        normalized to geometric mean 1 per head."""
+        if not lengths:
+            return _balanced_scale(self.key_power(centred), self.query_power)
+        keys, queries = [], []
+        for n in lengths:
+            span = turn_averages(self.inv_freq, 0, n)
+            power = self._turned_power(self.k_pairs / self.tokens, span)
+            keys.append((power - self._turned_mean(span)**2 if centred else power).clamp_min(SCALE_FLOOR))
+            queries.append(self._turned_power(self.q_pairs / self.tokens,
+                                              turn_averages(self.inv_freq, n - n // 4, n)))
+        return _length_balanced_scale(torch.stack(keys), torch.stack(queries).clamp_min(SCALE_FLOOR))
 
     def value_scale(self, centred: bool) -> torch.Tensor:
         """s_c = (E[v'_c^2] / w_c)^(1/4), normalized to geometric mean 1 per head."""
@@ -138,19 +161,26 @@ class ChannelStats:
 
     @cached_property
     def _turn_averages(self) -> tuple[torch.Tensor, ...]:
-        """The means over positions 0 .. context - 1 of cos, sin, cos^2, sin^2 and cos sin of
-        every pair's angle, [d/2] each: constants of inv_freq and context, which never change, so
-        computed once however many tables the calibration builds from these statistics."""
-        angle = torch.arange(self.context, dtype=torch.float64)[:, None] * self.inv_freq
-        cos, sin = angle.cos(), angle.sin()
-        return tuple(t.mean(dim=0) for t in (cos, sin, cos * cos, sin * sin, cos * sin))
+        """The turn averages of the context's positions: constants of inv_freq and context, which
+        never change, so computed once however many tables the calibration builds from these
+        statistics."""
+        return turn_averages(self.inv_freq, 0, self.context)
 
-    def _turned_power(self, pairs: torch.Tensor) -> torch.Tensor:
-        """Per channel, the mean square after RoPE over the context, from the pairs' second moments
-        [H, d/2, 3] with RoPE undone: a' = a cos - b sin, b' = b cos + a sin."""
-        cc, ss, cs = self._turn_averages[2:]
+    @staticmethod
+    def _turned_power(pairs: torch.Tensor, averages: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """Per channel, the mean square after RoPE over the positions of `averages`, from the
+        pairs' second moments [H, d/2, 3] with RoPE undone: a' = a cos - b sin, b' = b cos + a sin."""
+        cc, ss, cs = averages[2:]
         aa, bb, ab = pairs.unbind(dim=-1)
         return torch.cat([aa * cc + bb * ss - 2 * ab * cs, bb * cc + aa * ss + 2 * ab * cs], dim=-1)
+
+
+def turn_averages(inv_freq: torch.Tensor, first: int, end: int) -> tuple[torch.Tensor, ...]:
+    """The means over positions first .. end - 1 of cos, sin, cos^2, sin^2 and cos sin of every
+    pair's angle, [d/2] each."""
+    angle = torch.arange(first, end, dtype=torch.float64)[:, None] * inv_freq
+    cos, sin = angle.cos(), angle.sin()
+    return tuple(t.mean(dim=0) for t in (cos, sin, cos * cos, sin * sin, cos * sin))
 
 
 def _pair_products(x: torch.Tensor) -> torch.Tensor:
@@ -164,6 +194,22 @@ def _balanced_scale(power: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """(power / weight)^(1/4) per channel, normalized to geometric mean 1 per head."""
     s = (power.clamp_min(SCALE_FLOOR) / weight.clamp_min(SCALE_FLOOR)) ** 0.25
     return s / s.log().mean(dim=-1, keepdim=True).exp()
+
+
+def _length_balanced_scale(keys: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+    """The scale minimizing sum_L log E_L(s) (module docstring), by its fixed point, from the key
+    and query powers of each length, [L, H, d] each; geometric mean 1 per head."""
+    s = torch.ones_like(keys[0])
+    for _ in range(BALANCE_ITERATIONS):
+        a = (keys / s**2).sum(dim=-1, keepdim=True)
+        b = (queries * s**2).sum(dim=-1, keepdim=True)
+        new = ((keys / a).sum(dim=0) / (queries / b).sum(dim=0)) ** 0.25
+        new = new / new.log().mean(dim=-1, keepdim=True).exp()
+        done = ((new - s).abs() / s).max() < BALANCE_TOLERANCE
+        s = new
+        if done:
+            break
+    return s
 
 
 def _largest(share: torch.Tensor, n: int) -> torch.Tensor:

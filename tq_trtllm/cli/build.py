@@ -14,7 +14,7 @@ from ..core.rotary_mean import MAX_ROTARY_PAIRS
 from ..core.spec import SUPPORTED_WIDTHS, parse_kv_bits
 from ..eval.corpus import CALIBRATION_BOOK, read_corpus
 from ..models.registry import FAMILIES, get_family
-from .common import clean_errors
+from .common import clean_errors, token_lengths
 
 BACKENDS = ("auto", "hf", "trtllm")
 MIN_WIDTH = 2.0
@@ -30,6 +30,14 @@ def default_calibration_text() -> tuple[str, str]:
         from pydoc_data.topics import topics
 
         return "\n\n".join(topics.values()), "Python reference manual (pydoc_data.topics)"
+
+
+def _scale_lengths(text: str) -> tuple[int, ...] | None:
+    """--key-scale-lengths: auto -> None (the calibration's default), context -> (), else the list."""
+    choice = text.strip().lower()
+    if choice == "auto":
+        return None
+    return () if choice == "context" else tuple(token_lengths(text))
 
 
 @click.command(help="Calibrate a model's TurboQuant KV cache and write an engine directory.")
@@ -73,16 +81,21 @@ def default_calibration_text() -> tuple[str, str]:
                    "(restored exactly at attention time); 0 turns it off.")
 @click.option("--stats-context", type=click.IntRange(min=1), default=CalibrationOptions.stats_context,
               show_default=True,
-              help="Positions the key and query statistics stand for (RoPE turns queries and keys "
-                   "further at later positions); at most the model's context limit. A longer one "
-                   "retrieves better near that length and worse at shorter ones (docs/QUALITY.md, "
-                   "sessions 9 and 30).")
+              help="Positions the key mean and the outlier channels stand for (RoPE turns queries "
+                   "and keys further at later positions), and the key scale with "
+                   "--key-scale-lengths context; at most the model's context limit (docs/QUALITY.md, "
+                   "sessions 9, 30 and 31).")
+@click.option("--key-scale-lengths", default="auto", show_default=True,
+              help="Prompt lengths the per-channel key scale is balanced over, comma-separated (each "
+                   "length's key logit error against its own optimum counts alike); auto: powers of "
+                   "two from 1024 to the model's context; context: fitted to the --stats-context "
+                   "positions alone (docs/QUALITY.md, session 31).")
 @click.option("--seed", type=click.IntRange(0, 2**31), default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
 @clean_errors
 def main(family, kv_bits, checkpoint, calib_text, backend, output, oblivious, sink_tokens,
          recent_tokens, key_mean, key_scale, value_mean, value_scale, per_layer, calib_windows,
-         retrieval_windows, page_shift, rotary_pairs, stats_context, seed, as_json):
+         retrieval_windows, page_shift, rotary_pairs, stats_context, key_scale_lengths, seed, as_json):
     family = get_family(family).name
     key_w, value_w = parse_kv_bits(kv_bits)
     if min(key_w, value_w) < MIN_WIDTH:
@@ -114,7 +127,8 @@ def main(family, kv_bits, checkpoint, calib_text, backend, output, oblivious, si
                                   recent_tokens=recent_tokens, per_layer=per_layer,
                                   windows=calib_windows, retrieval_windows=retrieval_windows,
                                   page_shift=page_shift, rotary_pairs=rotary_pairs,
-                                  stats_context=stats_context, seed=seed)
+                                  stats_context=stats_context,
+                                  key_scale_lengths=_scale_lengths(key_scale_lengths), seed=seed)
         table = calibrate(loaded, text, tag, opts, source=source, progress=not as_json)
     manifest = write_engine(output, family, checkpoint, backend, table)
     if as_json:

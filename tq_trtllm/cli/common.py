@@ -43,3 +43,19 @@ def place_model(model, device: str) -> bool:
     if on_gpu:
         model.to("cuda", torch.bfloat16)
     return on_gpu
+
+
+def comma_list(text: str, convert, what: str) -> list:
+    """The comma-separated values of an option, each through `convert`; `what` names them in the
+    error."""
+    try:
+        return [convert(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a comma-separated list of {what}") from None
+
+
+def token_lengths(text: str) -> list[int]:
+    values = comma_list(text, int, "token counts")
+    if not values or min(values) < 64:
+        raise click.BadParameter("give context lengths of at least 64 tokens")
+    return values

@@ -11,7 +11,7 @@ from ..core.errors import TQError
 from ..eval.baselines import BASELINES
 from ..eval.corpus import EVALUATION_BOOK, read_corpus
 from ..eval.needle import ALL, DEPTHS
-from .common import clean_errors, device_option, place_model
+from .common import clean_errors, comma_list, device_option, place_model, token_lengths
 
 
 BASELINE_HELP = "Also measure a reference cache (repeatable): eval/baselines.py."
@@ -87,22 +87,6 @@ def ppl(engines, baselines, corpus, max_tokens, window, as_json, device):
                        f"({r['windows']} x {r['window_tokens']} tokens)")
 
 
-def _comma_list(text: str, convert, what: str) -> list:
-    """The comma-separated values of an option, each through `convert`; `what` names them in the
-    error."""
-    try:
-        return [convert(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise click.BadParameter(f"{text!r} is not a comma-separated list of {what}") from None
-
-
-def _lengths(text: str) -> list[int]:
-    values = _comma_list(text, int, "token counts")
-    if not values or min(values) < 64:
-        raise click.BadParameter("give context lengths of at least 64 tokens")
-    return values
-
-
 def _seeds(text: str) -> list[int]:
     """'3' -> [3]; '0-14' -> 0 .. 14; '1,4,9' -> those."""
     try:
@@ -121,7 +105,7 @@ def _seeds(text: str) -> list[int]:
 
 def _depths(text: str) -> list[float]:
     """'0.1,0.5,0.9' -> those relative depths of the key in the filler."""
-    values = _comma_list(text, float, "depths")
+    values = comma_list(text, float, "depths")
     if not values or not all(0.0 <= v <= 1.0 for v in values):
         raise click.BadParameter("give depths between 0 (the start of the filler) and 1 (its end)")
     return values
@@ -166,7 +150,7 @@ def needle(engines, lengths, seeds, depths, filler, baselines, graded, rows_file
     from ..eval.needle_rows import append_rows, read_rows
     from ..integrations.cache import TurboQuantCache
 
-    lengths, seeds, depths = _lengths(lengths), _seeds(seeds), _depths(depths)
+    lengths, seeds, depths = token_lengths(lengths), _seeds(seeds), _depths(depths)
     baselines = list(dict.fromkeys(baselines))
     for e in engines:  # before the model loads
         if Path(e).name in ("fp16", *baselines):
