@@ -120,15 +120,20 @@ class ChannelStats:
     def value_mean(self) -> torch.Tensor:
         return self.v_sum / self.tokens
 
-    def key_power(self, centred: bool) -> torch.Tensor:
-        """E[k'_c^2] over the context's positions, k' = k - key_mean when centred, else k."""
-        power = self._turned_power(self.k_pairs / self.tokens, self._turn_averages)
-        return power - self.key_mean**2 if centred else power
+    def key_power(self, centred: bool, averages: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
+        """E[k'_c^2] over the context's positions (or those of turn_averages `averages`),
+        k' = k less its mean over the same positions when centred, else k."""
+        averages = self._turn_averages if averages is None else averages
+        power = self._turned_power(self.k_pairs / self.tokens, averages)
+        return power - self._turned_mean(averages)**2 if centred else power
 
     @property
     def query_power(self) -> torch.Tensor:
         """E[q_c^2] over the context's positions."""
-        return self._turned_power(self.q_pairs / self.tokens, self._turn_averages)
+        return self._query_power(self._turn_averages)
+
+    def _query_power(self, averages: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return self._turned_power(self.q_pairs / self.tokens, averages)
 
     def value_power(self, centred: bool) -> torch.Tensor:
         power = self.v_sq / self.tokens
@@ -139,14 +144,10 @@ class ChannelStats:
         normalized to geometric mean 1 per head."""
         if not lengths:
             return _balanced_scale(self.key_power(centred), self.query_power)
-        keys, queries = [], []
-        for n in lengths:
-            span = turn_averages(self.inv_freq, 0, n)
-            power = self._turned_power(self.k_pairs / self.tokens, span)
-            keys.append((power - self._turned_mean(span)**2 if centred else power).clamp_min(SCALE_FLOOR))
-            queries.append(self._turned_power(self.q_pairs / self.tokens,
-                                              turn_averages(self.inv_freq, n - n // 4, n)))
-        return _length_balanced_scale(torch.stack(keys), torch.stack(queries).clamp_min(SCALE_FLOOR))
+        keys = torch.stack([self.key_power(centred, turn_averages(self.inv_freq, 0, n)) for n in lengths])
+        queries = torch.stack([self._query_power(turn_averages(self.inv_freq, n - n // 4, n))
+                               for n in lengths])
+        return _length_balanced_scale(keys.clamp_min(SCALE_FLOOR), queries.clamp_min(SCALE_FLOOR))
 
     def value_scale(self, centred: bool) -> torch.Tensor:
         """s_c = (E[v'_c^2] / w_c)^(1/4), normalized to geometric mean 1 per head."""
