@@ -36,11 +36,11 @@ case "${1:-}" in
     fi
     [[ ${1:-} =~ ^[1-9][0-9]*$ ]] || { echo "usage: $0 needle SEEDS ARGS... (SEEDS: how many, from 0)" >&2; exit 2; }
     seeds=$1; shift; procs=${PROCS:-8}
+    needle=(python3 -m tq_trtllm.cli.eval needle "$@" --graded --device cuda --json)
     for ((k = 0; k < procs && k < seeds; k++)); do
       touch "$stage/rows/$k.jsonl"
-      timeout "${SECONDS_LEFT:-540}" python3 -m tq_trtllm.cli.eval needle "$@" --graded --device cuda \
-        --seeds "$(seq -s, "$k" "$procs" $((seeds - 1)))" --rows "$stage/rows/$k.jsonl" --json \
-        > /dev/null 2> "$stage/rows/$k.err" &
+      timeout "${SECONDS_LEFT:-540}" "${needle[@]}" --seeds "$(seq -s, "$k" "$procs" $((seeds - 1)))" \
+        --rows "$stage/rows/$k.jsonl" > /dev/null 2> "$stage/rows/$k.err" &
     done
     wait || true
     # a process stopped while writing leaves a last line without its newline: not a finished seed
@@ -48,8 +48,7 @@ case "${1:-}" in
       "$stage"/rows/*.jsonl > "$stage/all.jsonl"
     cp "$stage/all.jsonl" "$OUT/needle_rows.jsonl"
     if [[ $(wc -l < "$stage/all.jsonl") -ge $seeds ]]; then
-      python3 -m tq_trtllm.cli.eval needle "$@" --graded --device cuda --seeds "0-$((seeds - 1))" \
-        --rows "$stage/all.jsonl" --json > "$OUT/needle.json"
+      "${needle[@]}" --seeds "0-$((seeds - 1))" --rows "$stage/all.jsonl" > "$OUT/needle.json"
       echo "all $seeds seeds done: $OUT/needle.json"
     else
       echo "$(wc -l < "$stage/all.jsonl") of $seeds seeds done; call again to resume" >&2
