@@ -1,6 +1,7 @@
 """tq-build, tq-run and tq-eval ppl/needle on a tiny checkpoint; bad input gives a clear error."""
 
 import json
+import math
 import shutil
 
 import pytest
@@ -122,6 +123,10 @@ def test_ppl_and_needle_commands(engine, calib_file):
     assert [r["method"] for r in rows] == ["tiny-kv3", "fp8"]
     for key in ("ppl_fp16", "ppl_kv", "delta_pct", "top1_agreement", "delta_ci95_pct"):
         assert key in rows[0]
+    # the per-window changes (nats) are what the delta is the mean of
+    deltas = rows[0]["window_delta_nats"]
+    assert len(deltas) == rows[0]["windows"]
+    assert 100 * (math.exp(sum(deltas) / len(deltas)) - 1) == pytest.approx(rows[0]["delta_pct"])
     needle = invoke(tq_eval, "needle", "--engine", engine, "--lengths", "64,128", "--json")
     assert needle.exit_code == 0, needle.output
     report = json.loads(needle.stdout)

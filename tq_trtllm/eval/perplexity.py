@@ -55,7 +55,8 @@ def compare_caches(model, windows: torch.Tensor, methods: dict, progress: bool =
 
 
 def _summary(base: torch.Tensor, quant: torch.Tensor, agree: list, bits: float, shape) -> dict:
-    mean, low, high = mean_ci95((quant - base).tolist())
+    deltas = (quant - base).tolist()
+    mean, low, high = mean_ci95(deltas)
     return {
         "ppl_fp16": math.exp(base.mean().item()),
         "ppl_kv": math.exp(quant.mean().item()),
@@ -65,6 +66,8 @@ def _summary(base: torch.Tensor, quant: torch.Tensor, agree: list, bits: float, 
         "effective_bits": bits,
         "windows": int(shape[0]),
         "window_tokens": int(shape[1]),
+        # per window, so that runs on the same windows pair up (one engine against another)
+        "window_delta_nats": deltas,
     }
 
 
