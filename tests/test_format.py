@@ -88,12 +88,36 @@ def test_pack_then_read_is_exact(width, gen):
     assert torch.equal(enc.norms, back.norms)
 
 
-def test_codes_are_nearest_centroid_indices(gen):
-    """Step 4.4: each code names the nearest centroid of the rotated, normalized coordinate."""
-    spec = CodecSpec(64, 3)
-    codec = VectorCodec(spec, seed=4)
+def test_codes_are_the_nearest_levels_of_the_best_scale(gen):
+    """Step 4.4: the codes are the nearest levels of alpha * y for the alpha_k = (40 + k) / 50
+    (float32, k < 32) whose codes c maximize <y, c>^2 / ||c||^2, the first such k on ties."""
+    for width in (2, 3, 4):
+        codec = VectorCodec(CodecSpec(64, width), seed=4)
+        x = torch.randn(300, 64, generator=gen, dtype=torch.float64)
+        y = codec.rotated(x)[0] / x.norm(dim=-1, keepdim=True)  # no mean/scale: same rotation as keys
+        book = codec.codebooks[0]
+        best_score = torch.full((len(x),), -1.0, dtype=torch.float64)
+        want = None
+        for k in range(32):
+            alpha = float(torch.tensor((40 + k) / 50, dtype=torch.float32))
+            codes = (alpha * y[..., None] - book).abs().argmin(dim=-1)  # the lower code on ties
+            c = book[codes]
+            dot = (c * y).sum(-1)
+            score = torch.where(dot > 0, dot**2 / (c * c).sum(-1), 0.0)
+            better = score > best_score
+            best_score = torch.where(better, score, best_score)
+            want = codes if want is None else torch.where(better[:, None], codes, want)
+        got = codec.encode(x).codes[0].long()
+        assert torch.equal(got, want)
+        assert not torch.equal(got, (y[..., None] - book).abs().argmin(dim=-1))  # the search acts
+
+
+def test_the_papers_mse_codec_rounds_to_the_nearest_level(gen):
+    """With the paper's gain (the stored norm, the TurboQuant-MSE baseline) step 4.4 stays plain
+    nearest-level rounding of y: the scale search serves the unbiased gain only."""
+    codec = VectorCodec(CodecSpec(64, 3), seed=4, gain="norm")
     x = torch.randn(200, 64, generator=gen, dtype=torch.float64)
-    y = codec.rotated(x)[0] / x.norm(dim=-1, keepdim=True)  # no mean/scale: same rotation as keys
+    y = codec.rotated(x)[0] / x.norm(dim=-1, keepdim=True)
     nearest = (y[..., None] - codec.codebooks[0]).abs().argmin(dim=-1)
     assert torch.equal(codec.encode(x).codes[0].long(), nearest)
 

@@ -105,7 +105,9 @@ __device__ inline PageShape tile_shape(const PageShape& runtime) {
 
 // The fused append's work in one CTA: the call's new keys and values (AttnArgs::new_kv) of
 // sequence b, KV head kvh whose positions lie in [first, last), L the sequence's length; one warp
-// per vector, of the CTA's W.
+// per vector, of the CTA's W. It rounds y itself (step 4.4 without the scale search, a valid
+// encoding for every reader): with the search's code in them, the split kernels ran calls without
+// an append up to 31% slower (docs/BENCHMARKS.md, sessions 34-35).
 template <int D, int W, typename T>
 __device__ inline void encode_new_rows(const AttnArgs& a, int b, int kvh, int L, int first, int last) {
   for (int item = threadIdx.x / 32; item < 2 * a.q_len; item += W) {
@@ -114,7 +116,7 @@ __device__ inline void encode_new_rows(const AttnArgs& a, int b, int kvh, int L,
     uint8_t* page = page_of(a.cache, b, kind, pos / a.cache.tokens, kvh);
     const T* x = static_cast<const T*>(a.new_kv[kind]) + (int64_t(b) * a.q_len + j) * a.new_stride +
                  int64_t(kvh) * D;
-    encode_vector<D, T>(a.cache.codec[kind], kvh, x, page, pos);
+    encode_vector<D, T, false>(a.cache.codec[kind], kvh, x, page, pos);
   }
 }
 

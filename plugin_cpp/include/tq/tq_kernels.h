@@ -122,7 +122,8 @@ tq_status tq_codebook_levels(const tq_codec* codec, int32_t group, float* levels
  * tokens (heads contiguous), in `dtype`, 4-byte aligned.
  * Token i goes to sequence seq_idx[i] (in [0, batch)), position pos[i] (device int32 arrays).
  * Serves one decode step (one token per sequence) and the bulk write after a prefill.
- * Each group's norm field holds the gain norm / <y, c[code]> (FORMAT.md step 4.5), so
+ * Each vector's codes are those of the scale searched by FORMAT.md step 4.4; each group's norm
+ * field holds the gain norm / <y, c[code]> (FORMAT.md step 4.5), so
  * <x, x_hat> = ||x||^2. A gain beyond fp16's range is stored as 65504 (the reference refuses it; a
  * kernel cannot raise). */
 tq_status tq_quantize_append(const tq_paged_cache* cache, const void* k, const void* v,
@@ -168,8 +169,9 @@ tq_status tq_decode_attention(const tq_paged_cache* cache, const void* k_new, co
                               float softmax_scale, void* workspace, size_t workspace_bytes,
                               tq_stream stream);
 /* tq_decode_attention with the step's quantize-append fused in (one launch fewer per step): first
- * writes k_new and v_new (required here) at positions kv_lens[b] - q_len + j, the same bytes
- * tq_quantize_append writes, then attends exactly as tq_decode_attention given the same rows. The
+ * writes k_new and v_new (required here) at positions kv_lens[b] - q_len + j, as
+ * tq_quantize_append does but rounding y itself (step 4.4 without the scale search, whose code
+ * would slow these kernels), then attends exactly as tq_decode_attention given the same rows. The
  * blocks of those positions must be in the table. */
 tq_status tq_decode_attention_append(const tq_paged_cache* cache, const void* k_new,
                                      const void* v_new, int64_t new_stride, const void* q,
