@@ -30,6 +30,19 @@ def test_append_then_gather_equals_the_codec_roundtrip(gen):
         torch.testing.assert_close(vh, cache.value.roundtrip(v[s]), rtol=0, atol=1e-6)
 
 
+def test_read_returns_the_stored_encoding_in_the_order_asked(gen):
+    cache = make_cache()
+    table = torch.tensor([[[3, 7], [5, 1]], [[4, 6], [9, 10]]], dtype=torch.int32)
+    x = torch.randn(2, 2, 20, 2, 64, generator=gen)  # [seq, K/V, token, head, d]
+    for s in range(2):
+        cache.append(table, x[s, 0], x[s, 1], torch.full((20,), s), torch.arange(20))
+    seq, pos = torch.tensor([1, 0, 1, 0]), torch.tensor([19, 3, 0, 17])
+    for kv, codec in enumerate((cache.key, cache.value)):
+        got = cache.read(table, kv, seq, pos)
+        want = codec.encode(x[seq, kv, pos], pos)
+        assert all(map(torch.equal, got.codes, want.codes)) and torch.equal(got.norms, want.norms)
+
+
 def test_pools_hold_exactly_the_format_bytes():
     cache = make_cache(kw=3, vw=3, heads=8, tokens=64, chunks=4)
     assert cache.pools[0].numel() == 4 * 8 * 64 * 26

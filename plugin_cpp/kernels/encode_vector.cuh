@@ -20,96 +20,122 @@ __device__ inline uint32_t gather_word(uint32_t bits, int lanes_per_word) {
 }
 
 // Step 4.4's candidate scales (FORMAT.md): alpha_k = (40 + k) / 50, k < 32, correctly rounded to
-// float32 as the reference's are.
+// float32 as the reference's are. Lane k of a warp scores candidate k.
 constexpr int kSearchScales = 32;
 __device__ inline float search_scale(int k) { return __fdiv_rn(float(40 + k), 50.0f); }
 
-// Candidates scored per round. A lane scores every candidate on its own E coordinates; a round's
-// partial sums are then reduced and scattered over 8 lanes, so that lane r of each 8 ends holding
-// candidate 8 h + (r & 7)'s sums: 7 shuffles per quantity instead of 8 full warp sums.
-constexpr int kSearchRound = 8;
+// A candidate's sums <y, c> and ||c||^2 in fixed point: each coordinate's term y_i c_i or c_i^2
+// (exact in double) rounded to a multiple of 2^-40. Integer sums do not depend on their order, so
+// two candidates with the same codes get the same sums however they were summed, and tie as the
+// reference's do; the rounding (1e-10 over 256 terms) is far below any real difference of scores.
+__device__ inline long long search_fixed(double v) { return __double2ll_rn(v * 0x1p40); }
 
-// Step 4.4's search for the group's y (E coordinates per lane, `lanes` lanes per group, every lane
-// of the warp calling): the scale alpha whose nearest codes maximize <y, c>^2 / ||c||^2, the first
-// on ties. Sums in double, as the reference's, so that scores tie only where the code sets do
-// (same sums in the same order); scores compared by cross products (no division).
+// One warp's shared scratch for the search: per group, the candidates' sum increments, and the
+// codebook copied where lanes can index it.
+struct SearchScratch {
+  unsigned long long dot[TQ_MAX_GROUPS][kSearchScales], cc[TQ_MAX_GROUPS][kSearchScales];
+  float level[TQ_MAX_GROUPS][1 << TQ_MAX_BITS];
+  float bound[TQ_MAX_GROUPS][(1 << TQ_MAX_BITS) - 1];
+};
+
+// Step 4.4's search for the group's y (E coordinates per lane, `lanes` lanes per group, the whole
+// warp calling): the scale alpha whose nearest codes maximize <y, c>^2 / ||c||^2, the first on ties.
+// A coordinate's code moves only where alpha * y crosses a decision boundary, and over the 32 scales
+// (0.80 to 1.42) it crosses few (0 to 2 at 3 bits). So each lane finds its coordinates' codes at the
+// first and last scale, adds their terms at the first, and for each boundary in between adds the
+// term's change at the first candidate past it (shared atomics into 32 bins); a prefix sum over the
+// bins, lane k holding bin k, then gives every candidate's sums, and a warp arg-max the best: a bulk
+// append 2.7x (3 bits) to 4x (5 bits) faster than scoring every candidate on every coordinate
+// (docs/BENCHMARKS.md, session 36).
 template <int E>
-__device__ inline float search_alpha(const CodecLayout& l, int g, const float (&y)[E], int lanes) {
+__device__ inline float search_alpha(const CodecLayout& l, int g, const float (&y)[E], int lanes,
+                                     SearchScratch& s) {
   const int lane = threadIdx.x & 31;
   const int top = (1 << l.group[g].bits) - 1;
-  double yd[E];
+  const bool writer = lane * E == l.group[g].start;  // copies its group's codebook
 #pragma unroll
-  for (int e = 0; e < E; ++e) yd[e] = y[e];
-  double best_num = -1.0, best_den = 1.0;  // below every score (scores are >= 0)
-  int best_k = 0;
-#pragma unroll 1
-  for (int h = 0; h < kSearchScales; h += kSearchRound) {
-    // The nearest level of alpha * y: each boundary passed moves it up one level. The loop index
-    // is the same in every lane, so each table entry is one broadcast read.
-    float v[kSearchRound][E], lev[kSearchRound][E];
+  for (int i = 0; i < TQ_MAX_GROUPS; ++i) s.dot[i][lane] = s.cc[i][lane] = 0;
+  const float a0 = search_scale(0), a1 = search_scale(kSearchScales - 1);
+  float v0[E], v1[E], lev[E];
+  int c0[E], c1[E];
 #pragma unroll
-    for (int j = 0; j < kSearchRound; ++j) {
-      const float alpha = search_scale(h + j);
+  for (int e = 0; e < E; ++e)
+    v0[e] = a0 * y[e], v1[e] = a1 * y[e], c0[e] = c1[e] = 0, lev[e] = l.codebook[g][0];
+  if (writer) s.level[g][0] = l.codebook[g][0];
+  for (int m = 0; m < top; ++m) {
+    const float bound = l.boundary[g][m], above = l.codebook[g][m + 1];
+    if (writer) s.bound[g][m] = bound, s.level[g][m + 1] = above;
 #pragma unroll
-      for (int e = 0; e < E; ++e) v[j][e] = alpha * y[e], lev[j][e] = l.codebook[g][0];
+    for (int e = 0; e < E; ++e) {
+      c0[e] += bound < v0[e];
+      c1[e] += bound < v1[e];
+      lev[e] = bound < v0[e] ? above : lev[e];
     }
-    for (int m = 0; m < top; ++m) {
-      const float bound = l.boundary[g][m], above = l.codebook[g][m + 1];
-#pragma unroll
-      for (int j = 0; j < kSearchRound; ++j)
-#pragma unroll
-        for (int e = 0; e < E; ++e) lev[j][e] = bound < v[j][e] ? above : lev[j][e];
-    }
-    double dot[kSearchRound], cc[kSearchRound];
-#pragma unroll
-    for (int j = 0; j < kSearchRound; ++j) {
-      dot[j] = cc[j] = 0.0;
-#pragma unroll
-      for (int e = 0; e < E; ++e) {
-        const double c = lev[j][e];
-        dot[j] += yd[e] * c;
-        cc[j] += c * c;
-      }
-    }
-    // Reduce-scatter over 8 lanes: at offset o a lane keeps the half of its o-candidate pairs on
-    // its side of bit o and adds its partner's share of it.
-#pragma unroll
-    for (int o = kSearchRound / 2; o >= 1; o >>= 1) {
-      const bool upper = lane & o;
-#pragma unroll
-      for (int i = 0; i < o; ++i) {
-        const double send_dot = upper ? dot[i] : dot[i + o], send_cc = upper ? cc[i] : cc[i + o];
-        dot[i] = (upper ? dot[i + o] : dot[i]) + __shfl_xor_sync(0xffffffffu, send_dot, o);
-        cc[i] = (upper ? cc[i + o] : cc[i]) + __shfl_xor_sync(0xffffffffu, send_cc, o);
-      }
-    }
-    double d = dot[0], c = cc[0];
-    for (int o = kSearchRound; o < lanes; o <<= 1) {
-      d += __shfl_xor_sync(0xffffffffu, d, o);
-      c += __shfl_xor_sync(0xffffffffu, c, o);
-    }
-    const double num = d > 0.0 ? d * d : 0.0;
-    if (num * best_den > best_num * c) best_num = num, best_den = c, best_k = h + (lane & 7);
   }
-  // The best of the 8 lanes' candidates (every 8 lanes of a group hold the same ones).
+  // The first candidate's sums over the group.
+  long long dot = 0, cc = 0;
 #pragma unroll
-  for (int o = 1; o < kSearchRound; o <<= 1) {
-    const double num = __shfl_xor_sync(0xffffffffu, best_num, o);
-    const double den = __shfl_xor_sync(0xffffffffu, best_den, o);
-    const int k = __shfl_xor_sync(0xffffffffu, best_k, o);
-    const double mine = best_num * den, theirs = num * best_den;
-    if (theirs > mine || (theirs == mine && k < best_k)) best_num = num, best_den = den, best_k = k;
+  for (int e = 0; e < E; ++e) {
+    dot += search_fixed(double(y[e]) * lev[e]);
+    cc += search_fixed(double(lev[e]) * lev[e]);
   }
-  return search_scale(best_k);
+  for (int o = 1; o < lanes; o <<= 1) {
+    dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    cc += __shfl_xor_sync(0xffffffffu, cc, o);
+  }
+  __syncwarp();  // the codebook copied, the bins zeroed
+  // Each boundary crossed between the first and last scale: the code moves one level (up where
+  // y > 0) at the first candidate k whose alpha_k * y is past it, alpha_k >= boundary / y.
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const int n = abs(c1[e] - c0[e]);
+    const int rounds = __reduce_max_sync(0xffffffffu, unsigned(n));
+    for (int r = 0; r < rounds; ++r) {
+      if (r >= n) continue;
+      const bool up = y[e] > 0.0f;
+      const int j = up ? c0[e] + r : c0[e] - 1 - r;  // the boundary between levels j and j + 1
+      const float from = s.level[g][up ? j : j + 1], to = s.level[g][up ? j + 1 : j];
+      const float first = ceilf(fmaf(50.0f, __fdividef(s.bound[g][j], y[e]), -40.0f));
+      const int k = min(max(int(first), 1), kSearchScales - 1);
+      atomicAdd(&s.dot[g][k], search_fixed(double(y[e]) * to) - search_fixed(double(y[e]) * from));
+      atomicAdd(&s.cc[g][k], search_fixed(double(to) * to) - search_fixed(double(from) * from));
+    }
+  }
+  __syncwarp();
+  float alpha = 1.0f;
+  for (int gg = 0; gg < l.num_groups; ++gg) {
+    long long d = s.dot[gg][lane], c = s.cc[gg][lane];
+#pragma unroll
+    for (int o = 1; o < kSearchScales; o <<= 1) {  // inclusive prefix sum over the candidates
+      const long long pd = __shfl_up_sync(0xffffffffu, d, o), pc = __shfl_up_sync(0xffffffffu, c, o);
+      if (lane >= o) d += pd, c += pc;
+    }
+    const int src = l.group[gg].start / E;  // a lane of group gg: it holds the group's first sums
+    d += __shfl_sync(0xffffffffu, dot, src);
+    c += __shfl_sync(0xffffffffu, cc, src);
+    // The best candidate: scores compared by cross products (no division), the lowest k on ties.
+    double num = d > 0 ? double(d) * double(d) : 0.0, den = double(c);
+    int best = lane;
+#pragma unroll
+    for (int o = 1; o < kSearchScales; o <<= 1) {
+      const double n2 = __shfl_xor_sync(0xffffffffu, num, o), d2 = __shfl_xor_sync(0xffffffffu, den, o);
+      const int k2 = __shfl_xor_sync(0xffffffffu, best, o);
+      const double mine = num * d2, theirs = n2 * den;
+      if (theirs > mine || (theirs == mine && k2 < best)) num = n2, den = d2, best = k2;
+    }
+    if (gg == g) alpha = search_scale(best);
+  }
+  return alpha;
 }
 
 // x: the vector's head_dim activations (head `head` of the codec's per-head tables) at packed
 // position `pos`; the whole warp calls this with the same arguments. page: the slot's page, or null
 // where the block table has none (nothing is written). Callers look the page up without waiting
-// on it: its read then overlaps the codec's and x's instead of coming before them.
+// on it: its read then overlaps the codec's and x's instead of coming before them. Search: step
+// 4.4's scale search, in the warp's `search` scratch; without it y itself is rounded.
 template <int D, typename T, bool Search>
 __device__ inline void encode_vector(const CodecLayout& l, int head, const T* x, uint8_t* page,
-                                     int pos) {
+                                     int pos, SearchScratch* search = nullptr) {
   constexpr int E = D / 32;  // permuted coordinates per lane
   const int lane = threadIdx.x & 31;
   const int slot = pos % l.tokens;
@@ -137,7 +163,8 @@ __device__ inline void encode_vector(const CodecLayout& l, int head, const T* x,
   warp_fwht<E>(p, gl.dim);
   // Step 4.4: the codes of alpha * y, the number of decision boundaries below each coordinate, and
   // their levels (the loop index is the same in every lane: broadcast reads of the tables).
-  const float alpha = Search ? search_alpha<E>(l, g, p, lanes) : 1.0f;
+  float alpha = 1.0f;
+  if constexpr (Search) alpha = search_alpha<E>(l, g, p, lanes, *search);
   int code[E];
   float level[E];
 #pragma unroll

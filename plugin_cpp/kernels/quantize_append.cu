@@ -19,6 +19,7 @@ struct AppendArgs {
 
 template <int D, typename T>
 __global__ void __launch_bounds__(32 * kVectorWarps) quantize_append_kernel(AppendArgs a) {
+  __shared__ SearchScratch scratch[kVectorWarps];
   VectorItem v;
   if (!vector_item(a.num_tokens, a.cache.num_kv_heads, v)) return;
   const int kv = v.kv, head = v.head, token = v.token;
@@ -27,7 +28,7 @@ __global__ void __launch_bounds__(32 * kVectorWarps) quantize_append_kernel(Appe
   const CodecLayout& l = a.cache.codec[kv];
   uint8_t* page = page_of(a.cache, seq, kv, pos / a.cache.tokens, head);
   const T* x = static_cast<const T*>(a.src[kv]) + token * a.token_stride + int64_t(head) * D;
-  encode_vector<D, T, true>(l, head, x, page, pos);
+  encode_vector<D, T, true>(l, head, x, page, pos, &scratch[threadIdx.x / 32]);
 }
 
 }  // namespace

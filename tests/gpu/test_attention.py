@@ -9,7 +9,7 @@ from tq_trtllm.kernels import (KernelCache, decode_attention, dequantize, prefil
                                quantize_append, workspace_bytes)
 
 from .cases import make_cache, positions, twin
-from .written import check_written, tokens_at
+from .written import check_written
 
 TOL = 2e-3
 
@@ -285,10 +285,10 @@ def check_fused_append(case, lengths, gen):
     plain.append(table, new_k, new_v, new_seq.long(), new_pos.long(), search=False)
     got = decode_attention(kc, q, lens, max(lengths), own=(new[0], new[1]), append=True)
     for kind, (rows, codec) in enumerate(((new_k, cache.key), (new_v, cache.value))):
-        mine, theirs = (tokens_at(c, table, kind, seq.long(), pos.long()) for c in (cache, plain))
+        mine, theirs = (c.read(table, kind, seq.long(), pos.long()) for c in (cache, plain))
         assert all(map(torch.equal, mine.codes, theirs.codes)) and torch.equal(mine.norms, theirs.norms), \
             f"the fused append changed the {'kv'[kind]} history"
-        mine, theirs = (tokens_at(c, table, kind, new_seq.long(), new_pos.long()) for c in (cache, plain))
+        mine, theirs = (c.read(table, kind, new_seq.long(), new_pos.long()) for c in (cache, plain))
         check_written(mine, theirs, codec, rows, new_pos.long(), search=False)
     want = decode_attention(kc, q, lens, max(lengths), own=(new[0], new[1]))
     assert torch.equal(got, want), "the fused call's attention differs from the same call without the append"

@@ -8,7 +8,7 @@ from tq_trtllm.core.spec import SUPPORTED_WIDTHS as WIDTHS
 from tq_trtllm.kernels import dequantize, quantize_append
 
 from .cases import make_cache, positions, twin
-from .written import check_written, tokens_at
+from .written import check_written
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -32,7 +32,7 @@ def test_quantize_append_matches_reference(width, head_dim, dtype, gen):
     pos_all = torch.cat([torch.arange(n) for n in lengths]).cuda()
     order = torch.argsort(seq.long() * 10**6 + pos.long())
     for kv, (x, codec) in enumerate(((k, ref.key), (v, ref.value))):
-        check_written(tokens_at(mine, table, kv, seq_all, pos_all), tokens_at(ref, table, kv, seq_all, pos_all),
+        check_written(mine.read(table, kv, seq_all, pos_all), ref.read(table, kv, seq_all, pos_all),
                       codec, x[order], pos[order].long(), search=True)
 
 

@@ -4,7 +4,6 @@ and, with step 4.4's scale search, the choice between near-tied scales."""
 
 import torch
 
-from tq_trtllm.core.packing import read_tokens
 from tq_trtllm.core.quantizer import SEARCH_SCALES, search_candidates
 from tq_trtllm.core.rotation import fwht
 
@@ -20,13 +19,6 @@ def rotated_coordinates(codec, x, positions):
         norm = part.norm(dim=-1, keepdim=True)
         out.append(fwht(torch.where(norm > 0, part / torch.where(norm > 0, norm, 1.0), 0.0)))
     return out
-
-
-def tokens_at(cache, table, kv, seq, pos):
-    """Codes and norms of the K (kv 0) or V (kv 1) tokens at (seq, pos), read by the reference."""
-    pages = cache.pools[kv].view(-1, cache.layouts[kv].page_bytes)
-    page, slot = cache._locate(table, kv, seq, pos)
-    return read_tokens(pages, cache.layouts[kv], page, slot)
 
 
 def check_written(got, want, codec, x, pos, search):

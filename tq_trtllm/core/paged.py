@@ -61,14 +61,17 @@ class PagedLayerCache:
             pages = self.pools[kv].view(-1, self.layouts[kv].page_bytes)
             write_tokens(pages, self.layouts[kv], page, slot, codec.encode(x, pos, search))
 
+    def read(self, block_table: torch.Tensor, kv: int, seq_idx: torch.Tensor, pos: torch.Tensor):
+        """The packed K (kv 0) or V (kv 1) tokens at (seq_idx[i], pos[i]), as stored: an Encoded."""
+        page, slot = self._locate(block_table, kv, seq_idx, pos)
+        pages = self.pools[kv].view(-1, self.layouts[kv].page_bytes)
+        return read_tokens(pages, self.layouts[kv], page, slot)
+
     def gather(self, block_table: torch.Tensor, seq: int, start: int, length: int,
                dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         """Dequantized K and V of positions [start, start + length) of `seq`: [length, H, head_dim]."""
         pos = torch.arange(start, start + length, device=block_table.device)
         seq_idx = torch.full_like(pos, seq)
-        out = []
-        for kv, codec in enumerate((self.key, self.value)):
-            page, slot = self._locate(block_table, kv, seq_idx, pos)
-            pages = self.pools[kv].view(-1, self.layouts[kv].page_bytes)
-            out.append(codec.decode(read_tokens(pages, self.layouts[kv], page, slot), dtype, pos))
-        return out[0], out[1]
+        k, v = (codec.decode(self.read(block_table, kv, seq_idx, pos), dtype, pos)
+                for kv, codec in enumerate((self.key, self.value)))
+        return k, v
