@@ -5,20 +5,8 @@ and, with step 4.4's scale search, the choice between near-tied scales."""
 import torch
 
 from tq_trtllm.core.quantizer import SEARCH_SCALES, search_candidates
-from tq_trtllm.core.rotation import fwht
 
 BOUNDARY_EPS = 1e-5
-
-
-def rotated_coordinates(codec, x, positions):
-    """The reference's y (FORMAT.md step 4.3) per group, float64."""
-    p = codec._to_permuted(x, positions)
-    out = []
-    for g in codec.spec.groups:
-        part = p[..., g.start:g.start + g.dim]
-        norm = part.norm(dim=-1, keepdim=True)
-        out.append(fwht(torch.where(norm > 0, part / torch.where(norm > 0, norm, 1.0), 0.0)))
-    return out
 
 
 def check_written(got, want, codec, x, pos, search):
@@ -28,7 +16,8 @@ def check_written(got, want, codec, x, pos, search):
     same = torch.stack([(cg == cw).all(dim=-1) for cg, cw in zip(got.codes, want.codes)], dim=-1)
     ulps = (got.norms.view(torch.int16).int() - want.norms.view(torch.int16).int()).abs()
     assert ulps[same].max().item() <= 1, f"gains differ by {ulps[same].max().item()} fp16 ulps"
-    for g, (cg, cw, y) in enumerate(zip(got.codes, want.codes, rotated_coordinates(codec, x, pos))):
+    ys = [y for _, y in codec.normalized_rotated(x, pos)]
+    for g, (cg, cw, y) in enumerate(zip(got.codes, want.codes, ys)):
         bad = cg != cw
         frac = bad.float().mean().item()
         assert frac <= 1e-3, f"group {g}: {frac:.2%} of codes differ"

@@ -204,6 +204,18 @@ class VectorCodec:
         p = p * self.signs.to(p.device)
         return [self._rotate(p[..., g.start:g.start + g.dim], i) for i, g in enumerate(self.spec.groups)]
 
+    def normalized_rotated(self, x: torch.Tensor, positions=None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Steps 1-4.3 per group: (norm_g [..., 1], y_g), y_g the rotated unit vector that step 4.4
+        quantizes (0 where the group's norm is 0), float64."""
+        p = self._to_permuted(x, positions)
+        out = []
+        for i, g in enumerate(self.spec.groups):
+            part = p[..., g.start:g.start + g.dim]
+            norm = part.norm(dim=-1, keepdim=True)
+            u = torch.where(norm > 0, part / torch.where(norm > 0, norm, 1.0), 0.0)
+            out.append((norm, self._rotate(u, i)))
+        return out
+
     def encode(self, x: torch.Tensor, positions=None, search: bool = True) -> Encoded:
         """x [..., H, d] (or [..., d] without per-head tables); positions: the packed position of
         each vector, shaped like x's leading dims before H (needed with a rotary mean). search:
@@ -212,13 +224,8 @@ class VectorCodec:
         if x.shape[-1] != self.spec.head_dim:
             raise TQError(f"vectors have {x.shape[-1]} channels but head_dim is {self.spec.head_dim}")
         check_finite("the key/value input", x)
-        p = self._to_permuted(x, positions)
         codes, gains = [], []
-        for i, g in enumerate(self.spec.groups):
-            part = p[..., g.start:g.start + g.dim]
-            norm = part.norm(dim=-1, keepdim=True)
-            u = torch.where(norm > 0, part / torch.where(norm > 0, norm, 1.0), 0.0)
-            y = self._rotate(u, i)
+        for i, (norm, y) in enumerate(self.normalized_rotated(x, positions)):
             book = self.codebooks[i].to(y.device)
             code = search_codes(y, book) if search and self.gain == "unbiased" else nearest_codes(y, book)
             gain = norm
