@@ -99,7 +99,8 @@ def decode(shape, sizes, bits, q_len, iters, rotary_pairs, l2_flush, as_json):
         _echo_rows(rows, False)
 
 
-@main.command(help="Chunked prefill: CHUNK new tokens over HISTORY packed tokens (batch 1, causal).")
+@main.command(help="Chunked prefill: CHUNK new tokens over HISTORY packed tokens (batch 1, causal); "
+                    "the append columns time the chunk's bulk quantize-append on its own.")
 @SHAPE
 @click.option("--history", type=click.IntRange(min=0), default=32768, show_default=True)
 @click.option("--chunk", type=click.IntRange(min=1), default=2048, show_default=True)

@@ -44,8 +44,10 @@ class Row:
     speedup: float
     packed_mb: float
     tq_read_tbps: float
-    append_us: float | None = None   # tq_quantize_append of one decode step, its own launch
-    append_pct: float | None = None  # ... as % of tq_us
+    # tq_quantize_append of the call's new rows (a decode step's, or a prefill chunk's in bulk), its
+    # own launch, and as % of tq_us
+    append_us: float | None = None
+    append_pct: float | None = None
     fused_us: float | None = None    # tq_decode_attention_append: the same append fused in
     fused_append_pct: float | None = None  # (fused_us - tq_us) as % of tq_us
     rotary_pairs: int = 0  # the keys' rotary mean (calibrated tables have one), pairs per KV head
@@ -177,9 +179,7 @@ def case_row(timer: Timer, case: DecodeCase) -> Row:
     batch, q_len, q_heads, head_dim = case.q.shape
     kv_heads = kc.cache.num_kv_heads
     tq_us = timer.median_us(case.call())
-    seq = torch.arange(batch, device="cuda", dtype=torch.int32).repeat_interleave(q_len)
-    pos = (context - q_len + torch.arange(q_len, device="cuda", dtype=torch.int32)).repeat(batch)
-    append_us = timer.median_us(lambda: quantize_append(kc, kv_new[0], kv_new[1], seq, pos))
+    append_us = append_time(timer, kc, kv_new, batch, context, q_len)
     fused_us = timer.median_us(case.call("tq_decode_attention_append"))
     sdpa_us = timer.median_us(sdpa_decode_call(batch, context, q_heads, kv_heads, head_dim, q_len))
     nbytes = packed_bytes_of(batch, context, kv_heads, head_dim, k_bits, v_bits)
@@ -236,6 +236,15 @@ def engine_step(timer: Timer, batch: int, context: int, q_heads: int, kv_heads: 
                          sdpa_us / tq_us, tq_graph, fused_graph, sdpa_graph, sdpa_graph / tq_graph)
 
 
+def append_time(timer: Timer, kc: KernelCache, kv_new: torch.Tensor, batch: int, context: int,
+                q_len: int) -> float:
+    """tq_quantize_append of kv_new ([2, batch * q_len, kv heads, d]) at the last q_len positions of
+    each sequence of `context` tokens."""
+    seq = torch.arange(batch, device="cuda", dtype=torch.int32).repeat_interleave(q_len)
+    pos = (context - q_len + torch.arange(q_len, device="cuda", dtype=torch.int32)).repeat(batch)
+    return timer.median_us(lambda: quantize_append(kc, kv_new[0], kv_new[1], seq, pos))
+
+
 def packed_bytes_of(batch, context, kv_heads, head_dim, k_bits, v_bits) -> int:
     per_token = CodecSpec(head_dim, k_bits).bytes_per_token + CodecSpec(head_dim, v_bits).bytes_per_token
     return batch * context * kv_heads * per_token
@@ -255,6 +264,8 @@ def sdpa_decode_call(batch, context, q_heads, kv_heads, head_dim, q_len):
 
 def prefill_row(timer: Timer, history: int, chunk: int, q_heads: int, kv_heads: int,
                 head_dim: int, k_bits: float, v_bits: float, rotary_pairs: int = 0) -> Row:
+    """Chunked prefill of `chunk` tokens over `history` packed ones, the chunk's bulk append (which
+    precedes it in a step), and SDPA with the equivalent causal mask, each timed alone."""
     total = history + chunk
     _, kc = packed_cache(1, total, q_heads, kv_heads, head_dim, k_bits, v_bits,
                          rotary_pairs=rotary_pairs)
@@ -263,8 +274,9 @@ def prefill_row(timer: Timer, history: int, chunk: int, q_heads: int, kv_heads: 
     kv_new = torch.randn(2, chunk, kv_heads, head_dim, device="cuda", dtype=torch.float16)
     call, _ = raw_attention_call(kc, "tq_prefill_attention", q, lens, total, kv_new)
     tq_us = timer.median_us(call)
+    append_us = append_time(timer, kc, kv_new, 1, total, chunk)
     sdpa_us = timer.median_us(sdpa_decode_call(1, total, q_heads, kv_heads, head_dim, chunk))
     nbytes = packed_bytes_of(1, total, kv_heads, head_dim, k_bits, v_bits)
     return Row("prefill", 1, total, chunk, q_heads, kv_heads, head_dim, k_bits, v_bits, tq_us,
-               sdpa_us, sdpa_us / tq_us, nbytes / 1e6, nbytes / tq_us / 1e6,
-               rotary_pairs=rotary_pairs)
+               sdpa_us, sdpa_us / tq_us, nbytes / 1e6, nbytes / tq_us / 1e6, append_us,
+               100.0 * append_us / tq_us, rotary_pairs=rotary_pairs)
