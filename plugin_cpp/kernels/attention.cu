@@ -155,7 +155,10 @@ __device__ inline void store_query_bytes(uint8_t* row, const float (&x)[D / 32],
 
 // KG, VG: groups of the key and value codecs; KB, VB: their group-0 bits, or 0 for any width of at
 // most MAXB bits. NR: query-row n tiles (8 rows each) of the transposed products; W: warps.
-template <int D, int KG, int VG, int KB, int VB, int MAXB, int NR, int W, typename T>
+// ENCODES: the kernel of calls whose split pass writes the fused append's rows
+// (split_pass_encodes); the others run one without that code, which made calls without an append
+// up to 11% slower (docs/BENCHMARKS.md, session 37).
+template <int D, int KG, int VG, int KB, int VB, int MAXB, int NR, int W, typename T, bool ENCODES>
 __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_kernel(AttnArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -196,9 +199,11 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
   // (AttnArgs::append_cta0). More new tokens are read by later rows: the splits that hold them
   // encode them before any warp copies a tile (the barrier below orders the writes first); every
   // row tile's CTA of the split writes the same bytes. ---
-  if (a.append && (append_cta || a.q_len > 1))
-    encode_new_rows<D, W, T>(a, b, kvh, L, append_cta ? L - 1 : split_begin,
-                          append_cta ? L : split_begin + a.split_tokens);
+  if constexpr (ENCODES) {
+    if (a.append && (append_cta || a.q_len > 1))
+      encode_new_rows<D, W, T>(a, b, kvh, L, append_cta ? L - 1 : split_begin,
+                               append_cta ? L : split_begin + a.split_tokens);
+  }
   if (append_cta) return;
   // Chunk indices and page slot of this warp's tiles i .. i + 31, one per lane, from the block table
   // in one go (the divisions by T happen here, once per 32 tiles). A tile that crosses a block
@@ -991,10 +996,10 @@ size_t slots_bound(int batch, int q_len, int group, int num_kv_heads, int max_kv
 }
 
 // The generic split kernel for these codecs' groups, decoding codes of up to MAXB bits.
-template <int D, int MAXB, int NR, int W, typename T>
+template <int D, int MAXB, int NR, int W, typename T, bool E>
 void (*generic_split_kernel(int kg, int vg))(AttnArgs) {
-  if (kg == 1) return vg == 1 ? attention_split_kernel<D, 1, 1, 0, 0, MAXB, NR, W, T> : attention_split_kernel<D, 1, 2, 0, 0, MAXB, NR, W, T>;
-  return vg == 1 ? attention_split_kernel<D, 2, 1, 0, 0, MAXB, NR, W, T> : attention_split_kernel<D, 2, 2, 0, 0, MAXB, NR, W, T>;
+  if (kg == 1) return vg == 1 ? attention_split_kernel<D, 1, 1, 0, 0, MAXB, NR, W, T, E> : attention_split_kernel<D, 1, 2, 0, 0, MAXB, NR, W, T, E>;
+  return vg == 1 ? attention_split_kernel<D, 2, 1, 0, 0, MAXB, NR, W, T, E> : attention_split_kernel<D, 2, 2, 0, 0, MAXB, NR, W, T, E>;
 }
 
 // The widths with kernels of their own, narrowest first: those the allocator gives
@@ -1014,26 +1019,40 @@ __host__ inline bool has_width(const PageShape& s, Width w) {
 // The specialized split kernel of these codecs' widths, among the pairs whose value width is no
 // wider than the key width (what calibrated engines have), from pair (KI, VI) of kSpecialWidths
 // on; nullptr for any other pair.
-template <int D, int NR, int W, typename T, int KI = 0, int VI = 0>
+template <int D, int NR, int W, typename T, bool E, int KI = 0, int VI = 0>
 void (*special_split_kernel(const CacheView& c))(AttnArgs) {
   if constexpr (KI == kNumSpecialWidths) {
     return nullptr;
   } else if constexpr (VI > KI) {
-    return special_split_kernel<D, NR, W, T, KI + 1, 0>(c);
+    return special_split_kernel<D, NR, W, T, E, KI + 1, 0>(c);
   } else {
     constexpr Width k = kSpecialWidths[KI], v = kSpecialWidths[VI];
     if (has_width(c.codec[0], k) && has_width(c.codec[1], v))
-      return attention_split_kernel<D, k.groups, v.groups, k.bits, v.bits, std::max(k.bits, v.bits), NR, W, T>;
-    return special_split_kernel<D, NR, W, T, KI, VI + 1>(c);
+      return attention_split_kernel<D, k.groups, v.groups, k.bits, v.bits, std::max(k.bits, v.bits), NR, W, T, E>;
+    return special_split_kernel<D, NR, W, T, E, KI, VI + 1>(c);
   }
 }
 
 // The split kernel for these codecs: specialized for their widths where it exists, else generic.
-template <int D, int NR, int W, typename T>
+template <int D, int NR, int W, typename T, bool E>
 void (*split_kernel_for(const CacheView& c))(AttnArgs) {
-  if (auto kernel = special_split_kernel<D, NR, W, T>(c)) return kernel;
+  if (auto kernel = special_split_kernel<D, NR, W, T, E>(c)) return kernel;
   const int kg = c.codec[0].num_groups, vg = c.codec[1].num_groups;
-  return has_5bit_codes(c) ? generic_split_kernel<D, 5, NR, W, T>(kg, vg) : generic_split_kernel<D, 4, NR, W, T>(kg, vg);
+  return has_5bit_codes(c) ? generic_split_kernel<D, 5, NR, W, T, E>(kg, vg) : generic_split_kernel<D, 4, NR, W, T, E>(kg, vg);
+}
+
+// The split kernel of a call of `warps` warps per CTA.
+template <int D, typename T, bool E>
+void (*split_kernel_of(const AttnArgs& a, int warps))(AttnArgs) {
+  return warps == kWideWarps      ? split_kernel_for<D, 1, kWideWarps, T, E>(a.cache)
+         : row_ntiles(a.rows) == 1 ? split_kernel_for<D, 1, kWarps, T, E>(a.cache)
+                                   : split_kernel_for<D, 2, kWarps, T, E>(a.cache);
+}
+
+// Whether the split pass writes the fused append's rows: in append CTAs (a one-token step beside
+// the splits) or in the splits (longer steps); a one-token step's merge pass may write them instead.
+inline bool split_pass_encodes(const AttnArgs& a) {
+  return a.append && (a.append_cta0 != kNoAppendCtas || a.q_len > 1);
 }
 
 // With append CTAs the split pass's grid is one-dimensional (attention_split_kernel): the split
@@ -1043,9 +1062,7 @@ template <int D, typename T>
 tq_status launch_split_pass(const AttnArgs& a, int warps, dim3 grid, cudaStream_t stream) {
   if (a.append_cta0 != kNoAppendCtas) grid = dim3(unsigned(a.append_cta0 + int64_t(grid.z) * grid.y));  // z = b here
   const int smem = smem_plan(D, warps, a.chunk[0], a.chunk[1], a.cache.codec[0].rotary_pairs > 0).total;
-  auto kernel = warps == kWideWarps      ? split_kernel_for<D, 1, kWideWarps, T>(a.cache)
-                : row_ntiles(a.rows) == 1 ? split_kernel_for<D, 1, kWarps, T>(a.cache)
-                                          : split_kernel_for<D, 2, kWarps, T>(a.cache);
+  auto kernel = split_pass_encodes(a) ? split_kernel_of<D, T, true>(a, warps) : split_kernel_of<D, T, false>(a, warps);
   if (smem > 48 * 1024 &&
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
     return fail(TQ_ERR_CUDA, "attention: cannot raise the shared memory limit to %d bytes", smem);
