@@ -372,9 +372,13 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
 #pragma unroll
     for (int nr = 0; nr < NR; ++nr) o[mt][nr][0] = o[mt][nr][1] = o[mt][nr][2] = o[mt][nr][3] = 0.0f;
   // With kGrid each group's value products hold kGridBias times the sum of the fp16 weights
-  // (probability x value norm) that the mma used: p_sum[g] accumulates that sum on the same mma (an
-  // A of ones), and the epilogue takes kGridBias times it away.
-  float p_sum[VG][NR][4] = {};
+  // (probability x value norm) that the mma used: p_tile[g] accumulates that sum over a tile on the
+  // same mma (an A of ones), and kGridBias times it leaves the accumulators with the next tile's
+  // rescale (one FFMA instead of the FMUL) or after the loop. Left in over a whole split, the bias
+  // made the accumulators hundreds of times larger than what they hold, and the tensor cores'
+  // fp32 sums, which truncate, lost up to 2.3e-3 of the output at 1,024 tokens per warp
+  // (docs/BENCHMARKS.md, session 38).
+  float p_tile[VG][NR][4] = {};
   const uint32_t ones[4] = {0x3c003c00u, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u};
   float m_run[NR][2], l_run[NR][2];
 #pragma unroll
@@ -551,10 +555,13 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
     for (int nr = 0; nr < NR; ++nr)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
+        float drop[VG];  // the last tile's bias, rescaled
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) o[mt][nr][e] *= alpha[nr][e & 1];
+        for (int g = 0; g < VG; ++g) drop[g] = kGrid ? -kGridBias * alpha[nr][e & 1] * p_tile[g][nr][e] : 0.0f;
 #pragma unroll
-        for (int g = 0; kGrid && g < VG; ++g) p_sum[g][nr][e] *= alpha[nr][e & 1];
+        for (int mt = 0; mt < MT; ++mt) o[mt][nr][e] = fmaf(o[mt][nr][e], alpha[nr][e & 1], drop[mt / (VCNT / 2)]);
+#pragma unroll
+        for (int g = 0; g < VG; ++g) p_tile[g][nr][e] = 0.0f;
       }
 
     // O^T += V^T P^T per half h. The probabilities times their tokens' value norms, fp16, are two
@@ -605,7 +612,7 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
         });
         // after the decode, which hides the transposes' latency
 #pragma unroll
-        for (int nr = 0; kGrid && nr < NR; ++nr) mma_16816(p_sum[g][nr], ones, pb[nr][0], pb[nr][1]);
+        for (int nr = 0; kGrid && nr < NR; ++nr) mma_16816(p_tile[g][nr], ones, pb[nr][0], pb[nr][1]);
       }
     }
     __syncwarp();
@@ -634,7 +641,7 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
 #pragma unroll
       for (int nr = 0; nr < NR; ++nr)
         o_s[combine_at(D, warp * kRows + 8 * nr + 2 * tig + (e & 1), dim)] =
-            (kGrid ? o[mt][nr][e] - kGridBias * p_sum[g][nr][e] : o[mt][nr][e]) * a.cache.codec[1].grid_step[g];
+            (kGrid ? o[mt][nr][e] - kGridBias * p_tile[g][nr][e] : o[mt][nr][e]) * a.cache.codec[1].grid_step[g];
     }
   }
   if (g4 == 0) {

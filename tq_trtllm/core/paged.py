@@ -38,7 +38,8 @@ class PagedLayerCache:
         return tuple(self.num_kv_heads * lay.page_bytes for lay in self.layouts)
 
     def _locate(self, block_table: torch.Tensor, kv: int, seq_idx: torch.Tensor, pos: torch.Tensor):
-        """(page index in the flattened pool, slot) of each token, per KV head: [n, H] each."""
+        """The K (kv 0) or V (kv 1) pool as rows of one page, and each token's page index in it and
+        slot, per KV head: [n, H] each."""
         max_blocks = block_table.shape[-1]
         block = pos // self.tokens_per_block
         if ((pos < 0) | (block >= max_blocks)).any():
@@ -50,21 +51,19 @@ class PagedLayerCache:
         heads = torch.arange(self.num_kv_heads, device=pos.device)
         page = chunk[:, None] * self.num_kv_heads + heads
         slot = (pos % self.tokens_per_block)[:, None].expand_as(page)
-        return page, slot
+        return self.pools[kv].view(-1, self.layouts[kv].page_bytes), page, slot
 
     def append(self, block_table: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                seq_idx: torch.Tensor, pos: torch.Tensor, search: bool = True) -> None:
         """Quantize k, v ([n, num_kv_heads, head_dim]) and write token i at (seq_idx[i], pos[i])
         (search: VectorCodec.encode's)."""
         for kv, (x, codec) in enumerate(((k, self.key), (v, self.value))):
-            page, slot = self._locate(block_table, kv, seq_idx, pos)
-            pages = self.pools[kv].view(-1, self.layouts[kv].page_bytes)
+            pages, page, slot = self._locate(block_table, kv, seq_idx, pos)
             write_tokens(pages, self.layouts[kv], page, slot, codec.encode(x, pos, search))
 
     def read(self, block_table: torch.Tensor, kv: int, seq_idx: torch.Tensor, pos: torch.Tensor):
         """The packed K (kv 0) or V (kv 1) tokens at (seq_idx[i], pos[i]), as stored: an Encoded."""
-        page, slot = self._locate(block_table, kv, seq_idx, pos)
-        pages = self.pools[kv].view(-1, self.layouts[kv].page_bytes)
+        pages, page, slot = self._locate(block_table, kv, seq_idx, pos)
         return read_tokens(pages, self.layouts[kv], page, slot)
 
     def gather(self, block_table: torch.Tensor, seq: int, start: int, length: int,
