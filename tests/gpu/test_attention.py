@@ -71,6 +71,18 @@ CASES = [
 ]
 
 
+def decode_error(case, lengths, gen, tokens_per_block=64, spare_blocks=1):
+    """Decode attention with own rows over a cache of random vectors in the case's shape and widths
+    (CASES' fields): its worst error against the reference (check_against_reference's bound)."""
+    d, hq, hkv, kw, vw, q_len, dtype, tables = case
+    cache, table, kc = make_cache(d, kw, vw, hkv, tokens_per_block, lengths, gen, tables, spare_blocks)
+    fill(kc, lengths, hkv, d, gen)
+    q = torch.randn(len(lengths), q_len, hq, d, generator=gen).to(dtype).cuda()
+    own = new_rows(len(lengths), q_len, hkv, d, dtype, gen)
+    out = decode_attention(kc, q, torch.tensor(lengths), max(lengths), own=own)
+    return check_against_reference(cache, table, q, out, lengths, d**-0.5, own)
+
+
 def case_id(c):
     return f"d{c[0]}-h{c[1]}x{c[2]}-k{c[3]}v{c[4]}-q{c[5]}-{str(c[6])[6:]}-{'tab' if c[7] else 'plain'}"
 
@@ -151,13 +163,7 @@ def test_decode_attention_length_one_and_block_edges(gen):
 def test_decode_attention_longest_context(q_len, tables, gen):
     """Batch 1 at 131,072 tokens, Llama-3-8B's attention shape, 3-bit keys and values; with
     tables, a rotary mean turned through 131,072 positions."""
-    n = 131072
-    cache, table, kc = make_cache(128, 3, 3, 8, 64, [n], gen, tables, spare_blocks=0)
-    fill(kc, [n], 8, 128, gen)
-    q = torch.randn(1, q_len, 32, 128, generator=gen).half().cuda()
-    own = new_rows(1, q_len, 8, 128, torch.float16, gen)
-    out = decode_attention(kc, q, torch.tensor([n]), n, own=own)
-    check_against_reference(cache, table, q, out, [n], 128**-0.5, own)
+    decode_error((128, 32, 8, 3, 3, q_len, torch.float16, tables), [131072], gen, spare_blocks=0)
 
 
 @pytest.mark.parametrize("n", [100, 1000, 3000, 4096, 9000, 20000, 40000])
@@ -166,12 +172,7 @@ def test_decode_attention_at_batch_one_over_lengths(n, q_len, gen):
     """Llama-3-8B's shape at batch 1 with tables and own rows, over the split plan's range: one
     split of a few tiles at 100 tokens, 8 to 16 splits of 1 to 20 steps beyond, so that every
     merge sees a different count of partial states, some of them holding masked tails."""
-    cache, table, kc = make_cache(128, 3, 3, 8, 64, [n], gen, tables=True)
-    fill(kc, [n], 8, 128, gen)
-    q = torch.randn(1, q_len, 32, 128, generator=gen).half().cuda()
-    own = new_rows(1, q_len, 8, 128, torch.float16, gen)
-    out = decode_attention(kc, q, torch.tensor([n]), n, own=own)
-    check_against_reference(cache, table, q, out, [n], 128**-0.5, own)
+    decode_error((128, 32, 8, 3, 3, q_len, torch.float16, True), [n], gen)
 
 
 @pytest.mark.parametrize("d,hq,hkv", [(128, 32, 8), (64, 9, 3)])
@@ -318,13 +319,7 @@ WIDE_CASES = [
 
 @pytest.mark.parametrize("case,n", WIDE_CASES, ids=lambda c: case_id(c) if isinstance(c, tuple) else str(c))
 def test_eight_warp_ctas_match_the_reference(case, n, gen):
-    d, hq, hkv, kw, vw, q_len, dtype, tables = case
-    cache, table, kc = make_cache(d, kw, vw, hkv, 64, [n], gen, tables)
-    fill(kc, [n], hkv, d, gen)
-    q = torch.randn(1, q_len, hq, d, generator=gen).to(dtype).cuda()
-    own = new_rows(1, q_len, hkv, d, dtype, gen)
-    out = decode_attention(kc, q, torch.tensor([n]), n, own=own)
-    check_against_reference(cache, table, q, out, [n], d**-0.5, own)
+    decode_error(case, [n], gen)
 
 
 # Long splits with calibrated tables (8 x 32,768: 1,024 tokens per warp on 8-warp CTAs; 1 x 131,072:
@@ -337,13 +332,7 @@ LONG_SPLIT_TOL = 3e-4
 
 @pytest.mark.parametrize("lengths", [[32768] * 8, [131072]], ids=["8x32768", "1x131072"])
 def test_long_splits_keep_the_outputs_precision(lengths, gen):
-    d, hq, hkv = 128, 32, 8
-    cache, table, kc = make_cache(d, 3, 3, hkv, 32, lengths, gen, tables=True)
-    fill(kc, lengths, hkv, d, gen)
-    q = torch.randn(len(lengths), 1, hq, d, generator=gen).half().cuda()
-    own = new_rows(len(lengths), 1, hkv, d, torch.float16, gen)
-    out = decode_attention(kc, q, torch.tensor(lengths), max(lengths), own=own)
-    worst = check_against_reference(cache, table, q, out, lengths, d**-0.5, own)
+    worst = decode_error((128, 32, 8, 3, 3, 1, torch.float16, True), lengths, gen, tokens_per_block=32)
     assert worst <= LONG_SPLIT_TOL, f"max abs error {worst:.2e} over long splits (bound {LONG_SPLIT_TOL})"
 
 
