@@ -36,10 +36,11 @@ def test_four_and_five_bits_match_the_fp16_cache_within_a_bound(model, gen):
     """Relative logit error near the codec's own relative error, sqrt(D) = sqrt(0.0095) at 4 bits
     (sqrt(0.0025) at 5), and falling with every added bit."""
     ids = torch.randint(4, 60, (2, 48), generator=gen)
-    ref = logits(model, ids, RoundtripCache("fp16", 2, 64))
+    # one prompt whose rows read one another through the cache, as decode steps would
+    ref = logits(model, ids, RoundtripCache("fp16", 2, 64, chunk_reads="cache"))
     errors = {}
     for bits in (2, 3, 4, 5):
-        out = logits(model, ids, TurboQuantCache(table_for(model, bits)))
+        out = logits(model, ids, TurboQuantCache(table_for(model, bits), chunk_reads="cache"))
         errors[bits] = ((out - ref).norm() / ref.norm()).item()
     assert errors[4] < 1.5 * 0.0095**0.5
     assert errors[5] < 1.5 * 0.0025**0.5
@@ -60,13 +61,16 @@ def test_cache_holds_exactly_what_the_reference_codec_decodes(model, gen):
         assert torch.allclose(got, want, atol=1e-6)
 
 
-@pytest.mark.parametrize("recent, shifted", [(1, False), (3, False), (3, True)])
-def test_attention_in_place_equals_dense_attention_over_the_cache(model, gen, recent, shifted):
+@pytest.mark.parametrize("recent, shifted, chunk_reads", [
+    (1, False, "cache"), (3, False, "cache"), (3, True, "cache"), (1, False, "exact"), (3, True, "exact")])
+def test_attention_in_place_equals_dense_attention_over_the_cache(model, gen, recent, shifted,
+                                                                  chunk_reads):
     """packed_attention (sinks exact, the recent window from the rows as computed, older packed
     tokens in place, merged by log-sum-exp; the pages' log-sum-exp lowered by the table's shift)
     against one softmax over the cache read back with the same exact rows and the shift taken from
     the packed tokens' logits, for a prefill whose first rows see sinks only, decode steps and a
-    chunk."""
+    chunk. Under chunk_reads "exact" a step's rows read every row held as computed (the kept
+    window and the step's own) up to their own position; under "cache" their recent window."""
     from tq_trtllm.integrations.packed_attention import attend, dense_attention
 
     ids = torch.randint(4, 60, (1, 30), generator=gen)
@@ -75,7 +79,7 @@ def test_attention_in_place_equals_dense_attention_over_the_cache(model, gen, re
     heads = model.config.num_attention_heads
     for layer in table.layers if shifted else ():
         layer.page_lse_shift = torch.rand(heads, generator=gen) + 0.5
-    cache = TurboQuantCache(table)
+    cache = TurboQuantCache(table, chunk_reads=chunk_reads)
     checked = []
 
     def check(layer_idx, q, k, v):
@@ -83,7 +87,8 @@ def test_attention_in_place_equals_dense_attention_over_the_cache(model, gen, re
         t, n = q.shape[2], layer.length
         dense_k, dense_v = layer.read_dense()
         scaling = q.shape[-1] ** -0.5
-        want = dense_attention(q, dense_k, dense_v, layer.exact, None, scaling, recent,
+        reads = layer.exact[0].shape[2] if chunk_reads == "exact" else recent
+        want = dense_attention(q, dense_k, dense_v, layer.exact, None, scaling, reads,
                                layer.packed_logit_bias())
         got = attend(layer, q, scaling)
         assert torch.allclose(got, want, atol=2e-5), (layer_idx, t, n)
@@ -142,18 +147,22 @@ def test_plain_causal_masks_are_recognized(case, expected):
     assert is_bottom_right_causal(masks[case], t, n) is expected
 
 
-def test_padded_batches_attend_over_the_cache_read_back(model, gen):
-    """A left-padded batch cannot use the in-place path; it must match each sequence run alone."""
-    ids = torch.randint(4, 60, (2, 12), generator=gen)
+@pytest.mark.parametrize("chunk_reads", ["cache", "exact"])
+def test_padded_batches_attend_over_the_cache_read_back(model, gen, chunk_reads):
+    """A left-padded batch cannot use the in-place path; it must match each sequence run alone,
+    for a prompt and then a step of two tokens."""
+    ids = torch.randint(4, 60, (2, 14), generator=gen)
     mask = torch.ones_like(ids)
     mask[1, :3] = 0
     table = table_for(model, 4)
+    padded, alone = (TurboQuantCache(table, chunk_reads=chunk_reads) for _ in range(2))
     with torch.inference_mode():
         positions = (mask.cumsum(-1) - 1).clamp_min(0)  # as generate() derives them
-        batch = model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                      past_key_values=TurboQuantCache(table)).logits
-        alone = model(input_ids=ids[1:, 3:], past_key_values=TurboQuantCache(table)).logits
-    assert torch.allclose(batch[1, -1], alone[0, -1], atol=1e-4)
+        for a, b in ((0, 12), (12, 14)):
+            batch = model(input_ids=ids[:, a:b], attention_mask=mask[:, :b],
+                          position_ids=positions[:, a:b], past_key_values=padded).logits
+            one = model(input_ids=ids[1:, max(a, 3):b], past_key_values=alone).logits
+            assert torch.allclose(batch[1, -1], one[0, -1], atol=1e-4)
 
 
 def test_the_kernel_backend_is_refused_clearly_where_it_cannot_run(model, gen):
@@ -163,12 +172,13 @@ def test_the_kernel_backend_is_refused_clearly_where_it_cannot_run(model, gen):
 
 
 def test_incremental_decoding_equals_one_prefill(model, gen):
-    """Appending token by token gives the same cache contents as one prefill."""
+    """Appending token by token gives the same cache contents as one prefill, when the prefill's
+    rows read their own step through the cache as decode steps do."""
     ids = torch.randint(4, 60, (1, 24), generator=gen)
     table = table_for(model, 3, sinks=2)
-    full = TurboQuantCache(table)
+    full = TurboQuantCache(table, chunk_reads="cache")
     logits(model, ids, full)
-    step = TurboQuantCache(table)
+    step = TurboQuantCache(table, chunk_reads="cache")
     logits(model, ids[:, :10], step)
     for t in range(10, 24):
         with torch.inference_mode():
@@ -177,6 +187,31 @@ def test_incremental_decoding_equals_one_prefill(model, gen):
         ka, va = a.read_dense()
         kb, vb = b.read_dense()
         assert torch.allclose(ka, kb, atol=1e-6) and torch.allclose(va, vb, atol=1e-6)
+
+
+def test_a_prompt_reads_its_own_tokens_exactly_and_later_steps_read_the_pages(model, gen):
+    """chunk_reads "exact" (the default): a prompt's logits are those of attention without a cache
+    (the pages are written, not read); the next step's differ from an fp16 cache's, since it reads
+    the prompt through the pages. Under "cache" the prompt's logits differ already."""
+    ids = torch.randint(4, 60, (1, 30), generator=gen)
+    with torch.inference_mode():
+        plain = model(input_ids=ids, use_cache=False).logits
+    exact, cached = TurboQuantCache(table_for(model, 2)), TurboQuantCache(table_for(model, 2),
+                                                                          chunk_reads="cache")
+    fp16 = RoundtripCache("fp16", 2, 64)
+    assert torch.allclose(logits(model, ids[:, :29], exact), plain[:, :29], atol=1e-5)
+    assert not torch.allclose(logits(model, ids[:, :29], cached), plain[:, :29], atol=1e-2)
+    logits(model, ids[:, :29], fp16)
+    step, want = logits(model, ids[:, 29:], exact), logits(model, ids[:, 29:], fp16)
+    assert torch.allclose(want, plain[:, 29:], atol=1e-3)
+    assert not torch.allclose(step, want, atol=1e-2)
+
+
+def test_an_unknown_chunk_rule_is_refused():
+    with pytest.raises(TQError, match="chunk_reads 'all' is unknown"):
+        TurboQuantCache(table_for(tiny_model(), 3), chunk_reads="all")
+    with pytest.raises(TQError, match="chunk_reads 'all' is unknown"):
+        RoundtripCache("fp8", 2, 64, chunk_reads="all")
 
 
 def test_sink_tokens_are_exact(model, gen):
@@ -229,9 +264,9 @@ def test_other_families_run_with_the_cache(family, gen):
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     use_turboquant_attention(model)
     ids = torch.randint(0, 64, (1, 24), generator=gen)
-    ref = logits(model, ids, RoundtripCache("fp16", 2, 64))
+    ref = logits(model, ids, RoundtripCache("fp16", 2, 64, chunk_reads="cache"))
     table = oblivious_table(fingerprint(family, config), 4, 4)
-    out = logits(model, ids, TurboQuantCache(table))
+    out = logits(model, ids, TurboQuantCache(table, chunk_reads="cache"))
     assert ((out - ref).norm() / ref.norm()).item() < 1.5 * 0.0095**0.5
 
 

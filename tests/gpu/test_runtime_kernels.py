@@ -29,7 +29,7 @@ def model(request):
     return m
 
 
-def run(model, ids, backend, bits, sinks, recent=1, shifted=False, rotary=False):
+def run(model, ids, backend, bits, sinks, recent=1, shifted=False, rotary=False, chunk_reads="cache"):
     table = oblivious_table(fingerprint("llama", model.config), bits, bits)
     table.sink_tokens = sinks
     table.recent_tokens = recent
@@ -41,7 +41,7 @@ def run(model, ids, backend, bits, sinks, recent=1, shifted=False, rotary=False)
         for layer in table.layers:
             pre = 2.0 * torch.randn(table.kv_heads, table.head_dim, generator=gen, dtype=torch.float64)
             layer.key_rotary = select_pairs(pre, rotary_frequencies(model), 16, offset=sinks)
-    cache = TurboQuantCache(table, backend=backend)
+    cache = TurboQuantCache(table, backend=backend, chunk_reads=chunk_reads)
     outs = []
     with torch.inference_mode():
         for a, b in CHUNKS:
@@ -49,14 +49,19 @@ def run(model, ids, backend, bits, sinks, recent=1, shifted=False, rotary=False)
     return torch.cat(outs, dim=1).float(), cache
 
 
-@pytest.mark.parametrize("bits,sinks,recent,shifted,rotary", [
-    (3, 0, 1, False, False), (3, 2, 1, False, False), (4, 1, 1, False, False), (2.5, 1, 1, False, False),
-    (3, 1, 4, False, False), (3, 0, 16, False, False), (3, 1, 4, True, False), (3, 2, 4, True, True)])
-def test_kernel_backend_matches_the_reference_backend(model, bits, sinks, recent, shifted, rotary):
+# chunk_reads "exact": the chunks' rows read the pages as one-token sequences over copies of the
+# block table (packed_attention._packed_kernels)
+@pytest.mark.parametrize("bits,sinks,recent,shifted,rotary,chunk_reads", [
+    (3, 0, 1, False, False, "cache"), (3, 2, 1, False, False, "cache"), (4, 1, 1, False, False, "cache"),
+    (2.5, 1, 1, False, False, "cache"), (3, 1, 4, False, False, "cache"), (3, 0, 16, False, False, "cache"),
+    (3, 1, 4, True, False, "cache"), (3, 2, 4, True, True, "cache"), (3, 0, 1, False, False, "exact"),
+    (3, 2, 4, True, True, "exact")])
+def test_kernel_backend_matches_the_reference_backend(model, bits, sinks, recent, shifted, rotary,
+                                                      chunk_reads):
     gen = torch.Generator().manual_seed(int(10 * bits) + sinks)
     ids = torch.randint(4, 60, (2, 37), generator=gen).cuda()
-    got, kc = run(model, ids, "kernels", bits, sinks, recent, shifted, rotary)
-    want, rc = run(model, ids, "reference", bits, sinks, recent, shifted, rotary)
+    got, kc = run(model, ids, "kernels", bits, sinks, recent, shifted, rotary, chunk_reads)
+    want, rc = run(model, ids, "reference", bits, sinks, recent, shifted, rotary, chunk_reads)
     assert kc.layers[0].uses_kernels and not rc.layers[0].uses_kernels
     assert torch.isfinite(got).all()
     # the same cache contents: codes equal but on decision boundaries and where fp32 and float64

@@ -11,6 +11,7 @@ from ..core.errors import TQError
 from ..eval.baselines import BASELINES
 from ..eval.corpus import EVALUATION_BOOK, read_corpus
 from ..eval.needle import ALL, DEPTHS
+from ..integrations.cache import CHUNK_READS
 from .common import clean_errors, comma_list, device_option, place_model, token_lengths
 
 
@@ -138,11 +139,18 @@ def _depths(text: str) -> list[float]:
                    "prompts already in it instead of running them again: a stopped run resumes, "
                    "and the files of runs on other seeds, concatenated, give one report (rows of "
                    "other caches, tables, filler, --graded or device are refused).")
+@click.option("--chunk-reads", type=click.Choice(CHUNK_READS), default="exact", show_default=True,
+              help="How each cache reads a prompt's own tokens while it prefills: exact (as "
+                   "computed, as a context phase over fresh K and V does, the runtime's default) "
+                   "or cache (through the cache, as decode steps would; the protocol of "
+                   "docs/QUALITY.md up to session 38). The answers read the prompt through the "
+                   "cache either way.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object (with every prompt's answers under 'answers').")
 @device_option
 @clean_errors
-def needle(engines, lengths, seeds, depths, filler, baselines, graded, rows_file, as_json, device):
+def needle(engines, lengths, seeds, depths, filler, baselines, graded, rows_file, chunk_reads,
+           as_json, device):
     from tqdm import tqdm
 
     from ..eval.baselines import RoundtripCache
@@ -161,10 +169,12 @@ def needle(engines, lengths, seeds, depths, filler, baselines, graded, rows_file
         check_length(n, loaded.max_context, 8)
     backend = "kernels" if place_model(loaded.model, device) else "reference"
     first = opened[0][2]
-    factories = {name: lambda name=name: RoundtripCache(name, len(first.layers), first.head_dim)
+    factories = {name: lambda name=name: RoundtripCache(name, len(first.layers), first.head_dim,
+                                                        chunk_reads)
                  for name in ("fp16", *baselines)}
     for name, _, table in opened:
-        factories[name] = lambda table=table: TurboQuantCache(table, backend=backend)
+        factories[name] = lambda table=table: TurboQuantCache(table, backend=backend,
+                                                              chunk_reads=chunk_reads)
     corpus_ids, source = None, "repeated passage"
     if filler is not None:
         text, source = read_corpus(filler)
@@ -172,6 +182,7 @@ def needle(engines, lengths, seeds, depths, filler, baselines, graded, rows_file
     known, on_seed = {}, None
     if rows_file is not None:
         run = {"caches": list(factories), "filler": source, "graded": graded, "backend": backend,
+               "chunk_reads": chunk_reads,
                "engines": {name: _table_digest(path, manifest)
                            for path, (name, manifest, _) in zip(engines, opened)}}
         known = read_rows(rows_file, run)
@@ -185,6 +196,7 @@ def needle(engines, lengths, seeds, depths, filler, baselines, graded, rows_file
     names = [name for name, _, _ in opened] + baselines
     changes = {name: paired_changes(rows, name) for name in names}
     out = {"lengths": lengths, "seeds": seeds, "depths": depths, "filler": source,
+           "chunk_reads": chunk_reads,
            "prompts_per_length": len(seeds) * len(depths), "accuracy": results,
            "changes": changes, "equal": {name: results["fp16"] == results[name] for name in names},
            "answers": rows}

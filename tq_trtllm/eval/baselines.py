@@ -1,7 +1,9 @@
 """Reference caches to compare TurboQuant with, for evaluation only: each stores dense K/V after
 a quantize-dequantize roundtrip of every token as it is written, with the packed cache's attention
 rule: a token attends to every earlier position through the cache and to its own key and value
-exactly (the step's rows travel with the keys as `tq_exact`; integrations.attention applies the rule).
+exactly, and with chunk_reads "exact" to every earlier position of its own step too, as
+TurboQuantCache does (the step's rows travel with the keys as `tq_exact`; integrations.attention
+applies the rule).
 
   fp16      the baseline every delta is measured against
   fp8       float8 e4m3 with one scale per tensor (each layer's K or V of the sequence)
@@ -18,6 +20,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 from ..core.errors import TQError
 from ..core.quantizer import ProdCodec, VectorCodec
 from ..core.spec import CodecSpec
+from ..integrations.cache import check_chunk_reads
 
 FP8_MAX = 448.0  # largest finite float8 e4m3fn value
 
@@ -67,22 +70,25 @@ def check_baseline(name: str) -> None:
 
 
 class RoundtripLayer(DynamicLayer):
-    def __init__(self, roundtrip):
+    def __init__(self, roundtrip, chunk_reads: str):
         super().__init__()
         self.roundtrip = roundtrip
+        self.chunk_reads = chunk_reads
 
     def update(self, key_states, value_states, *args, **kwargs):
         keys, values = super().update(self.roundtrip(key_states), self.roundtrip(value_states),
                                       *args, **kwargs)
-        keys.tq_exact = (key_states, value_states, 1)
+        steps = key_states.shape[2]
+        keys.tq_exact = (key_states, value_states, steps if self.chunk_reads == "exact" else 1)
         return keys, values
 
 
 class RoundtripCache(Cache):
-    def __init__(self, name: str, num_layers: int, head_dim: int):
+    def __init__(self, name: str, num_layers: int, head_dim: int, chunk_reads: str = "exact"):
         check_baseline(name)
+        check_chunk_reads(chunk_reads)
         make = BASELINES[name][0]
-        super().__init__(layers=[RoundtripLayer(make(head_dim)) for _ in range(num_layers)])
+        super().__init__(layers=[RoundtripLayer(make(head_dim), chunk_reads) for _ in range(num_layers)])
 
 
 def baseline_effective_bits(name: str, head_dim: int) -> float:

@@ -39,12 +39,16 @@ def check_length(length: int, max_context: int, new_tokens: int) -> None:
 
 def key_log_prob(model, tokenizer, ids: torch.Tensor, key: str, cache) -> float:
     """The teacher-forced log-probability of " <key>" after the prompt `ids` [1, T], summed over
-    its tokens, with `cache` serving the forward pass: a graded retrieval score, which moves with
-    the cache's error where the generated answer flips only at a near tie."""
+    its tokens, with `cache` serving the forward passes: a graded retrieval score, which moves with
+    the cache's error where the generated answer flips only at a near tie. The prompt and the key's
+    tokens are two steps, as in generation, so that the key's tokens read the prompt as an answer
+    does (under chunk_reads "exact" one step would read the whole prompt exactly)."""
     key_ids = tokenizer(" " + key, add_special_tokens=False, return_tensors="pt")["input_ids"].to(ids.device)
-    logits = model(input_ids=torch.cat([ids, key_ids], dim=1), past_key_values=cache,
-                   use_cache=True).logits[0, ids.shape[1] - 1:-1].float()
-    return torch.log_softmax(logits, dim=-1).gather(-1, key_ids[0][:, None]).sum().item()
+    logits = [model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0]]
+    if key_ids.shape[1] > 1:
+        logits.append(model(input_ids=key_ids[:, :-1], past_key_values=cache, use_cache=True).logits[0])
+    log_probs = torch.log_softmax(torch.cat(logits).float(), dim=-1)
+    return log_probs.gather(-1, key_ids[0][:, None]).sum().item()
 
 
 def passkey_accuracy(model, tokenizer, lengths, cache_factories: dict, seeds=(0,),

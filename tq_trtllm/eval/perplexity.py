@@ -1,7 +1,10 @@
 """Perplexity and top-1 agreement of quantized caches against an fp16 cache, on the same windows.
 
 Each window is one forward pass through a fresh cache, so every position's keys and values are read
-back from the quantized cache. The comparison is paired: per window, the difference of mean
+back from the quantized cache: the caches read a step's own tokens through the cache too
+(chunk_reads "cache"), as a decode step would, which is the protocol of every figure in
+docs/QUALITY.md. (The runtime's default, "exact", reads a prompt's own tokens as computed: one
+window would then measure nothing but the fp16 rounding.) The comparison is paired: per window, the difference of mean
 negative log-likelihoods; its mean and a t-interval give the perplexity ratio and its 95% CI.
 """
 
@@ -21,6 +24,7 @@ from .baselines import RoundtripCache, baseline_effective_bits
 from .paired import mean_ci95
 
 MIN_WINDOWS = 2
+CHUNK_READS = "cache"  # see above
 
 
 def _forward(model, ids: torch.Tensor, cache) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,7 +46,8 @@ def compare_caches(model, windows: torch.Tensor, methods: dict, progress: bool =
     head_dim = head_dim_of(cfg)
     with torch.inference_mode():
         for ids in tqdm(windows, desc="perplexity windows", disable=not progress):
-            ref_nll, ref_top = _forward(model, ids, RoundtripCache("fp16", cfg.num_hidden_layers, head_dim))
+            ref_nll, ref_top = _forward(model, ids, RoundtripCache("fp16", cfg.num_hidden_layers, head_dim,
+                                                                   CHUNK_READS))
             base_nll.append(ref_nll.item())
             for name, (factory, _) in methods.items():
                 n, top = _forward(model, ids, factory())
@@ -72,11 +77,12 @@ def _summary(base: torch.Tensor, quant: torch.Tensor, agree: list, bits: float, 
 
 
 def engine_method(table: KVTable, window: int, backend: str = "auto"):
-    return (lambda: TurboQuantCache(table, backend=backend)), table.effective_bits(window)
+    return (lambda: TurboQuantCache(table, backend=backend, chunk_reads=CHUNK_READS)), \
+        table.effective_bits(window)
 
 
 def baseline_method(name: str, model, window: int):
     cfg = model.config
     head_dim = head_dim_of(cfg)
-    return (lambda: RoundtripCache(name, cfg.num_hidden_layers, head_dim)), \
+    return (lambda: RoundtripCache(name, cfg.num_hidden_layers, head_dim, CHUNK_READS)), \
         baseline_effective_bits(name, head_dim)

@@ -4,7 +4,12 @@ Every token's key and value is quantized into the pages as it arrives, except th
 `sink_tokens` tokens of each sequence, which a table may keep exact in fp16. A query attends to its
 `recent_tokens` most recent positions (its own included) through their keys and values as computed
 (the table's recent window: the last recent_tokens - 1 rows are kept in fp16 beside the pages, the
-step's own rows are at hand) and to every older one through the pages.
+step's own rows are at hand) and to every older one through the pages. With chunk_reads "exact"
+(the default) the rows of a step of several tokens (a prompt's prefill, a chunk) also read every
+earlier position of their own step, and the kept window, exactly, as a context phase over fresh K
+and V does: docs/QUALITY.md, session 39, found that reading a prompt's own tokens through the
+pages caused about 80% of the 3-bit passkey loss. "cache" keeps the per-token rule for every row,
+so that a prefill reads what decode steps would (tq-eval ppl's protocol).
 
 Backends: "kernels" keeps the pages on the GPU and appends and reads them with the CUDA library;
 "reference" uses the Python reference (any device); "auto" takes the kernels where they can run
@@ -28,6 +33,13 @@ from ..core.quantizer import check_finite
 
 TOKENS_PER_BLOCK = 16
 BACKENDS = ("auto", "kernels", "reference")
+CHUNK_READS = ("exact", "cache")  # how a step's rows read the step's other positions (see above)
+
+
+def check_chunk_reads(chunk_reads: str) -> str:
+    if chunk_reads not in CHUNK_READS:
+        raise TQError(f"chunk_reads {chunk_reads!r} is unknown; use one of {', '.join(CHUNK_READS)}")
+    return chunk_reads
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -46,10 +58,12 @@ def _kernels_for(backend: str, x: torch.Tensor) -> bool:
 class TurboQuantLayer(DynamicLayer):
     def __init__(self, key_codec, value_codec, num_kv_heads: int, sink_tokens: int,
                  recent_tokens: int = 1, tokens_per_block: int = TOKENS_PER_BLOCK,
-                 backend: str = "auto", page_lse_shift: torch.Tensor | None = None):
+                 backend: str = "auto", page_lse_shift: torch.Tensor | None = None,
+                 chunk_reads: str = "exact"):
         super().__init__()
         if backend not in BACKENDS:
             raise TQError(f"backend {backend!r} is unknown; use one of {', '.join(BACKENDS)}")
+        self.chunk_reads = check_chunk_reads(chunk_reads)
         self.codecs = (key_codec, value_codec)
         self.num_kv_heads = num_kv_heads
         self.sink_tokens = sink_tokens
@@ -122,6 +136,19 @@ class TurboQuantLayer(DynamicLayer):
     @property
     def packed_length(self) -> int:
         return self.length - self.sink_count
+
+    @property
+    def exact_recent(self) -> int:
+        """How many most recent positions each row of the last step reads through `exact`, the rows
+        as computed: the recent window, or with chunk_reads "exact" every row held there (the kept
+        window and the step's own), each row up to its own position."""
+        return self.exact[0].shape[2] if self.chunk_reads == "exact" else self.recent_tokens
+
+    @property
+    def packed_end(self) -> int:
+        """The packed positions that the last step's rows read through the pages: 0 .. packed_end - 1
+        for every row with chunk_reads "exact"; with "cache", row j of T up to packed_end - T + j."""
+        return max(0, self.packed_length - self.exact_recent)
 
     def _append(self, k, v, first: int) -> None:
         """Quantize [batch, H, n, d] into packed positions first .. first + n - 1."""
@@ -208,11 +235,11 @@ class TurboQuantCache(Cache):
     """A packed TurboQuant KV cache for one model, laid out by a calibration table."""
 
     def __init__(self, table: KVTable, tokens_per_block: int = TOKENS_PER_BLOCK,
-                 backend: str = "auto"):
+                 backend: str = "auto", chunk_reads: str = "exact"):
         self.table = table
         layers = [TurboQuantLayer(*table.codecs(i), table.kv_heads, table.sink_tokens,
                                   table.recent_tokens, tokens_per_block, backend,
-                                  table.layers[i].page_lse_shift)
+                                  table.layers[i].page_lse_shift, chunk_reads)
                   for i in range(len(table.layers))]
         super().__init__(layers=layers)
 

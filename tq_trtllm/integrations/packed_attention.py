@@ -1,21 +1,25 @@
 """Attention that reads a TurboQuantLayer in place: the packed tokens through the kernel library
-(CUDA) or the Python reference (CPU), the layer's recent window and the exact sink tokens densely,
-merged by log-sum-exp, the pages' log-sum-exp first lowered by the table's page_lse_shift
-(calibration/page_mass.py).
+(CUDA) or the Python reference (CPU), the layer's exact rows (the kept recent window and the step's
+own rows, as computed) and the exact sink tokens densely, merged by log-sum-exp, the pages'
+log-sum-exp first lowered by the table's page_lse_shift (calibration/page_mass.py).
 
-Query row j of a chunk of T new tokens sits at position `length - T + j` and sees every position up
+Query row j of a step of T new tokens sits at position `length - T + j` and sees every position up
 to its own (bottom-right causal). Rows at positions below the sink count see sinks only; every
-other row sees all sinks, its `recent_tokens` most recent positions through their rows as computed
-(`layer.exact`) and the older packed tokens through the pages. The kernels' `kv_len - q_len + j`
-rule gives the pages' part directly when kv_len is the packed length minus recent_tokens, because
-packed position i is sequence position sinks + i. `dense_attention` applies the same rule to a
-dense cache (padded batches, the evaluation's reference caches).
+other row sees all sinks, its `layer.exact_recent` most recent positions through their rows as
+computed (`layer.exact`) and the older packed tokens through the pages (`layer.packed_end`). Under
+chunk_reads "cache" that is each row's own recent window, and the kernels' `kv_len - q_len + j` rule
+gives the pages' part directly with kv_len = packed_end, because packed position i is sequence
+position sinks + i. Under "exact" every row of a step reads the same pages, 0 .. packed_end - 1; the
+kernels then take the rows as sequences of one token each over the same block table.
+`dense_attention` applies the same rules to a dense cache (padded batches, the evaluation's
+reference caches).
 """
 
 from __future__ import annotations
 
 import torch
 
+from .. import kernels
 from ..core.attention import bottom_right_causal, masked_attention, recent_band
 from ..kernels import ops
 
@@ -69,32 +73,42 @@ def dense_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
 
 def _packed_kernels(layer, q: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernels over the layer's pages, each row up to its position minus recent_tokens:
-    q [B, Hq, T, d] -> (output, lse) as dense_part's, the lse lowered by the layer's shift (the
-    kernel cache carries it)."""
-    b, hq, t, _ = q.shape
-    rows = q.transpose(1, 2).contiguous()
-    lse = torch.empty(b, t, hq, dtype=torch.float32, device=q.device)
-    older = max(0, layer.packed_length - layer.recent_tokens)
-    lens = torch.full((b,), older, dtype=torch.int32, device=q.device)
-    attention = ops.decode_attention if t <= ops.MAX_DECODE_Q_LEN else ops.prefill_attention
-    out = attention(layer.kernel_cache(), rows, lens, older, scaling, lse=lse)
-    return out.transpose(1, 2).float(), lse.transpose(1, 2)
+    """The kernels over the layer's pages (see the module's doc for which positions each row
+    reads): q [B, Hq, T, d] -> (output, lse) as dense_part's, the lse lowered by the layer's shift
+    (the kernel cache carries it)."""
+    b, hq, t, d = q.shape
+    end, kc, rows = layer.packed_end, layer.kernel_cache(), q.transpose(1, 2).contiguous()
+    if layer.chunk_reads == "exact" and t > 1:
+        if end == 0:  # nothing older than the step's rows: no launch
+            return q.new_zeros(q.shape, dtype=torch.float32), q.new_full((b, hq, t), float("-inf"),
+                                                                         dtype=torch.float32)
+        # every row sees the same pages: one-token sequences over copies of its block table row
+        kc = kernels.KernelCache(layer.pages, layer.block_table.repeat_interleave(t, dim=0),
+                                 layer.page_lse_shift)
+        rows = rows.view(b * t, 1, hq, d)
+    lse = torch.empty(*rows.shape[:3], dtype=torch.float32, device=q.device)
+    lens = torch.full((rows.shape[0],), end, dtype=torch.int32, device=q.device)
+    attention = ops.decode_attention if rows.shape[1] <= ops.MAX_DECODE_Q_LEN else ops.prefill_attention
+    out = attention(kc, rows, lens, end, scaling, lse=lse)
+    return out.view(b, t, hq, d).transpose(1, 2).float(), lse.view(b, t, hq).transpose(1, 2)
 
 
 def _packed_reference(layer, q: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
     """_packed_kernels through the Python reference."""
-    k, v = layer.read_packed()
-    out, lse = dense_part(q, k, v, scaling, layer.packed_length - layer.recent_tokens - q.shape[2])
+    end = layer.packed_end
+    k, v = (x[:, :, :end] for x in layer.read_packed())
+    # "exact": every row sees all `end` positions; "cache": row j up to end - T + j
+    first = end if layer.chunk_reads == "exact" else end - q.shape[2]
+    out, lse = dense_part(q, k, v, scaling, first)
     if layer.page_lse_shift is not None:
         lse = lse - layer.page_lse_shift[:, None]
     return out, lse
 
 
 def _recent(layer, q: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's recent_tokens most recent packed positions, from their rows as computed."""
+    """Each row's exact_recent most recent packed positions, from their rows as computed."""
     k, v = layer.exact
-    band = recent_band(q.shape[2], k.shape[2], layer.recent_tokens, q.device)
+    band = recent_band(q.shape[2], k.shape[2], layer.exact_recent, q.device)
     return masked_attention(q, k, v, scaling, band)
 
 
