@@ -4,8 +4,9 @@ Each window is one forward pass through a fresh cache, so every position's keys 
 back from the quantized cache: the caches read a step's own tokens through the cache too
 (chunk_reads "cache"), as a decode step would, which is the protocol of every figure in
 docs/QUALITY.md. (The runtime's default, "exact", reads a prompt's own tokens as computed: one
-window would then measure nothing but the fp16 rounding.) The comparison is paired: per window, the difference of mean
-negative log-likelihoods; its mean and a t-interval give the perplexity ratio and its 95% CI.
+window would then measure nothing but the fp16 rounding.) The comparison is paired: per window,
+the difference of mean negative log-likelihoods; its mean and a t-interval give the perplexity
+ratio and its 95% CI.
 """
 
 from __future__ import annotations

@@ -4,11 +4,11 @@ The model calls `cache.update` first (TurboQuantCache quantizes the new tokens i
 returns its exact sink tokens, tagged with the layer) and then this function, which reads the
 packed tokens in place (packed_attention) when the mask is the plain causal one, and otherwise (a
 padded batch) attends densely over the cache read back, under the same rule (each token's most
-recent positions exact, `layer.exact_recent`). Keys tagged `tq_exact` = (k, v, recent), the step's rows as computed and
-how many recent positions each query reads from them (the evaluation's reference caches, the
-calibration's sensitivity pass), get that rule on their dense keys too. Untagged keys and values
-(no cache, or another cache) go to transformers' SDPA attention. It is also where calibration observes post-RoPE
-queries, keys and values, through `observe`.
+recent positions exact, `layer.exact_recent`). Keys tagged `tq_exact` = (k, v, recent), the step's
+rows as computed and how many recent positions each query reads from them (the evaluation's
+reference caches, the calibration's sensitivity pass), get that rule on their dense keys too.
+Untagged keys and values (no cache, or another cache) go to transformers' SDPA attention. It is
+also where calibration observes post-RoPE queries, keys and values, through `observe`.
 """
 
 from __future__ import annotations
