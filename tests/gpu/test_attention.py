@@ -159,6 +159,23 @@ def test_decode_attention_length_one_and_block_edges(gen):
     check_against_reference(cache, table, q, out, lengths, 128**-0.5)
 
 
+def test_a_cache_over_another_block_table_reads_through_that_table(gen):
+    """KernelCache.over: the pools and codec tables under another block table (the sequences'
+    rows reordered, one of them twice) read what that table names; the original reads its own."""
+    lengths = [70, 300, 5]
+    cache, table, kc = make_cache(64, 3, 3, 3, 32, lengths, gen, True)
+    fill(kc, lengths, 3, 64, gen)
+    order = [2, 1, 0, 1]
+    moved_table, moved_lengths = table[torch.tensor(order).cuda()], [lengths[i] for i in order]
+    moved = kc.over(moved_table)
+    assert moved.key is kc.key and moved.batch == len(order), "the codec tables are shared"
+    q = torch.randn(len(order), 1, 9, 64, generator=gen).half().cuda()
+    out = decode_attention(moved, q, torch.tensor(moved_lengths), max(moved_lengths))
+    check_against_reference(cache, moved_table, q, out, moved_lengths, 64**-0.5)
+    out = decode_attention(kc, q[:3], torch.tensor(lengths), max(lengths))
+    check_against_reference(cache, table, q[:3], out, lengths, 64**-0.5)
+
+
 @pytest.mark.parametrize("q_len,tables", [(1, False), (4, False), (1, True)])
 def test_decode_attention_longest_context(q_len, tables, gen):
     """Batch 1 at 131,072 tokens, Llama-3-8B's attention shape, 3-bit keys and values; with

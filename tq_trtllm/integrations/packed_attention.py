@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import torch
 
-from .. import kernels
 from ..core.attention import bottom_right_causal, masked_attention, recent_band
 from ..kernels import ops
 
@@ -83,8 +82,7 @@ def _packed_kernels(layer, q: torch.Tensor, scaling: float) -> tuple[torch.Tenso
             return q.new_zeros(q.shape, dtype=torch.float32), q.new_full((b, hq, t), float("-inf"),
                                                                          dtype=torch.float32)
         # every row sees the same pages: one-token sequences over copies of its block table row
-        kc = kernels.KernelCache(layer.pages, layer.block_table.repeat_interleave(t, dim=0),
-                                 layer.page_lse_shift)
+        kc = kc.over(layer.block_table.repeat_interleave(t, dim=0))
         rows = rows.view(b * t, 1, hq, d)
     lse = torch.empty(*rows.shape[:3], dtype=torch.float32, device=q.device)
     lens = torch.full((rows.shape[0],), end, dtype=torch.int32, device=q.device)

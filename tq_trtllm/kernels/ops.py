@@ -6,6 +6,7 @@ functions below launch on torch.cuda.current_stream() and raise TQError on any b
 
 from __future__ import annotations
 
+import copy
 import ctypes
 
 import torch
@@ -77,13 +78,9 @@ class KernelCache:
     def __init__(self, cache: PagedLayerCache, block_table: torch.Tensor,
                  page_lse_shift: torch.Tensor | None = None):
         pools = cache.pools
-        if not all(p.is_cuda for p in pools) or not block_table.is_cuda:
-            raise TQError("KernelCache needs the pools and the block table on a CUDA device")
-        if block_table.dtype != torch.int32 or block_table.dim() != 3 or block_table.shape[1] != 2:
-            raise TQError(f"block_table must be int32 [batch, 2, max_blocks], got "
-                          f"{block_table.dtype} {list(block_table.shape)}")
+        if not all(p.is_cuda for p in pools):
+            raise TQError("KernelCache needs the pools on a CUDA device")
         self.cache = cache
-        self.block_table = block_table.contiguous()
         device = pools[0].device
         h = cache.num_kv_heads
         self.key = DeviceCodec(cache.key, h, device)
@@ -91,8 +88,6 @@ class KernelCache:
         s = TqPagedCache()
         s.k_pool, s.v_pool = pools[0].data_ptr(), pools[1].data_ptr()
         s.k_chunk_bytes, s.v_chunk_bytes = cache.chunk_bytes
-        s.block_table = self.block_table.data_ptr()
-        s.max_blocks = self.block_table.shape[2]
         s.tokens_per_block = cache.tokens_per_block
         s.num_kv_heads = h
         s.num_chunks = pools[0].shape[0]
@@ -102,6 +97,24 @@ class KernelCache:
             self.page_lse_shift = page_lse_shift.to(device, torch.float32).contiguous()
             s.page_lse_shift = self.page_lse_shift.data_ptr()
         self.struct = s
+        self._set_block_table(block_table)
+
+    def _set_block_table(self, block_table: torch.Tensor) -> None:
+        if not block_table.is_cuda:
+            raise TQError("KernelCache needs the block table on a CUDA device")
+        if block_table.dtype != torch.int32 or block_table.dim() != 3 or block_table.shape[1] != 2:
+            raise TQError(f"block_table must be int32 [batch, 2, max_blocks], got "
+                          f"{block_table.dtype} {list(block_table.shape)}")
+        self.block_table = block_table.contiguous()
+        self.struct.block_table = self.block_table.data_ptr()
+        self.struct.max_blocks = self.block_table.shape[2]
+
+    def over(self, block_table: torch.Tensor) -> KernelCache:
+        """The same pools and codec tables under another block table (no tables uploaded again)."""
+        other = copy.copy(self)
+        other.struct = TqPagedCache.from_buffer_copy(self.struct)
+        other._set_block_table(block_table)
+        return other
 
     @property
     def batch(self) -> int:
