@@ -30,11 +30,6 @@ PAGE_SHIFT_FLAG = 1 << 6  # the table's page_lse_shift, fp32 [num_q_heads], afte
 ROTARY_FLAG = 1 << 7
 
 
-def fingerprint_u64(fingerprint: dict) -> int:
-    """The model fingerprint as the plugin compares it: the 64-bit config hash."""
-    return int(fingerprint["config_hash"], 16)
-
-
 def _fnv1a(data: bytes) -> int:
     h = 2166136261
     for byte in data:
