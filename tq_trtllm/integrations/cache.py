@@ -34,13 +34,13 @@ from ..core.quantizer import check_finite
 TOKENS_PER_BLOCK = 16
 BACKENDS = ("auto", "kernels", "reference")
 CHUNK_READS = ("exact", "cache")  # how a step's rows read the step's other positions (see above)
+KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def check_chunk_reads(chunk_reads: str) -> str:
     if chunk_reads not in CHUNK_READS:
         raise TQError(f"chunk_reads {chunk_reads!r} is unknown; use one of {', '.join(CHUNK_READS)}")
     return chunk_reads
-KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def _kernels_for(backend: str, x: torch.Tensor) -> bool:
