@@ -1,5 +1,6 @@
 """The attention rule every path follows (core.attention.masked_attention): causal over the cache,
-and each query's own position through the new tokens' exact key and value where they are given."""
+and each query's most recent positions through their exact keys and values where they are given
+(the kernels' new rows: the call's positions up to each query's own)."""
 
 import pytest
 import torch
@@ -30,12 +31,14 @@ def explicit(q, k, v, scale, exact, recent=1):
 
 
 @pytest.mark.parametrize("t,s,hq,hkv", [(1, 9, 4, 2), (5, 5, 3, 3), (4, 17, 8, 1)])
-def test_own_rows_replace_the_cache_at_each_querys_own_position(t, s, hq, hkv, gen):
+def test_own_rows_replace_the_cache_at_the_calls_positions(t, s, hq, hkv, gen):
     q = torch.randn(t, hq, 16, generator=gen)
     k, v = torch.randn(2, s, hkv, 16, generator=gen)
     own = tuple(torch.randn(2, t, hkv, 16, generator=gen))
     got = reference_attention(q, k, v, 0.25, own)
-    assert torch.allclose(got.double(), explicit(q, k, v, 0.25, own), atol=1e-5)
+    assert torch.allclose(got.double(), explicit(q, k, v, 0.25, own, recent=t), atol=1e-5)
+    if t > 1:  # not the rule of the own position alone
+        assert not torch.allclose(got.double(), explicit(q, k, v, 0.25, own, recent=1), atol=1e-3)
     # without own rows the cache's own position is attended to (and the answers differ)
     cached = reference_attention(q, k, v, 0.25)
     assert torch.allclose(cached.double(), explicit(q, k, v, 0.25, (k[s - t:], v[s - t:])), atol=1e-5)

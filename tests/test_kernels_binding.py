@@ -252,6 +252,7 @@ def test_library_checks_the_fused_appends_arguments():
 
     cases = [((None, 1 << 27, 128), 1, b"k_new and v_new must not be NULL"),
              ((1 << 27, (1 << 28) + 2, 128), 5, b"k_new and v_new must be 4-byte aligned"),
+             ((1 << 27, 1 << 28, 129), 5, b"new_stride 129 must be even"),
              ((1 << 27, 1 << 28, 64), 6, b"new_stride 64 is smaller than num_kv_heads x head_dim"),
              ((1 << 27, 1 << 28, 128, (1 << 25) + 2), 5, b"lse must be 4-byte aligned")]
     for args, status, message in cases:

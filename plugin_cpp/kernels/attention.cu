@@ -15,14 +15,18 @@
 // unscaled. The warps' states are combined and written as one partial state per split.
 // The fused append (tq_decode_attention_append) encodes the call's new keys and values: a one-token
 // step's in CTAs of its own, beside the splits or in the merge pass (AttnArgs::append_cta0), a
-// longer step's in the splits that hold the new positions, before they read them.
+// longer step's in the splits that hold the new positions. No split reads them: with the new rows
+// every query row stops its cache reads before the call's first position (cache_end).
+// The chunk term, a query row's attention over the call's positions up to its own with the new
+// rows, exactly: in the merge pass for calls of at most kMaxMergeChunk tokens, else in the chunk
+// pass (chunk_attention.cu), launched first.
 // Every pair of the allocator's widths with values no wider than keys gets kernels whose tile
 // offsets and widths are compile-time constants (tile_shape, special_split_kernel); every other
 // pair runs the same code with them read at run time.
 // The key mean is not needed: q . mu is the same for every key of a query row and softmax is
 // invariant to a per-row shift; only the log-sum-exp adds it back (merge pass).
 // Pass 2 (merge_kernel): one CTA per query row merges the splits and, where the call has the new
-// rows, the row's own key and value taken exactly; rotates the output back (inverse Hadamard, signs,
+// rows, the chunk term; rotates the output back (inverse Hadamard, signs,
 // un-permutation, value scale), adds the value mean and, if asked, writes the row's log-sum-exp.
 #include <algorithm>
 #include <cmath>
@@ -194,11 +198,10 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
   const CtaKeys keys = cta_keys(a, b, split, row0, kRows);
   const int L = keys.len, split_begin = keys.begin, split_end = keys.end;
 
-  // --- The fused append (tq_decode_attention_append). A one-token step's position is no split's
-  // to read (every row's own position is taken exactly, own_lag), so CTAs of their own encode it
-  // (AttnArgs::append_cta0). More new tokens are read by later rows: the splits that hold them
-  // encode them before any warp copies a tile (the barrier below orders the writes first); every
-  // row tile's CTA of the split writes the same bytes. ---
+  // --- The fused append (tq_decode_attention_append). The call's positions are no split's to read
+  // (the chunk term takes them, cache_end): a one-token step's is encoded in CTAs of its own
+  // (AttnArgs::append_cta0), a longer step's by the splits that hold them; every row tile's CTA of
+  // the split writes the same bytes. ---
   if constexpr (ENCODES) {
     if (a.append && (append_cta || a.q_len > 1))
       encode_new_rows<D, W, T>(a, b, kvh, L, append_cta ? L - 1 : split_begin,
@@ -519,7 +522,7 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
         }
       }
     }
-    // Mask (beyond the split or the staged tokens, or after the row's own position) where a token
+    // Mask (beyond the split or the staged tokens, or past the row's cache_end) where a token
     // can be masked, then the online softmax; a row's 32 scores lie across the 8 lanes of its tig.
     if (!full) {
 #pragma unroll
@@ -697,14 +700,80 @@ __device__ inline float warp_q_dot(const T* qv, X x) {
   return dot;
 }
 
-// The own-position term of query row r (AttnArgs::new_kv): its score q . k - q . mean (qm), times
-// q_scale (the splits' units: they leave the key mean out too), computed by every warp of the merge
-// CTA; -inf where the call has no new rows or the row's position lies before the sequence.
+// A query row's chunk term (AttnArgs::new_kv): its softmax state over the call's positions up to
+// its own, exactly, in the splits' units (q_scale (q . k - q . mean) in base 2): maximum m (-inf
+// where it sees none; NaN where a score is NaN, so that the row's output is), sum l, and the
+// output unnormalized at a lane's output channels (vr.ch).
+template <int E>
+struct ChunkTerm {
+  float m = -INFINITY, l = 0.0f, o[E] = {};
+};
+
+// The chunk term of a query row of the call's token j, in a call of at most kMaxMergeChunk tokens,
+// from the new rows. Every key and value a lane needs is read first, in one round of independent
+// loads (the call's tokens up to j exist whether or not they have a position, so no read waits
+// for the sequence length): a loop that read row by row behind each score's shuffles made a
+// 4-token call 15% slower (docs/BENCHMARKS.md, session 41). qm: q . key mean.
 template <int D, typename T>
-__device__ inline float own_score(const AttnArgs& a, int b, int kvh, int j, const T* qv, float qm) {
-  if (!a.new_kv[0] || seq_len(a, b) - a.q_len + j < 0) return -INFINITY;
-  const T* kx = static_cast<const T*>(a.new_kv[0]) + (int64_t(b) * a.q_len + j) * a.new_stride + int64_t(kvh) * D;
-  return a.q_scale * (warp_q_dot<D>(qv, [&](int ch) { return to_float(kx[ch]); }) - qm);
+__device__ inline ChunkTerm<D / 32> merged_chunk_term(const AttnArgs& a, int b, int kvh, int j, const T* qv,
+                                                      float qm, const LaneRotation<D>& vr) {
+  constexpr int E = D / 32;
+  const int lane = threadIdx.x & 31;
+  auto new_row = [&](int kind, int i) {
+    return static_cast<const T*>(a.new_kv[kind]) + (int64_t(b) * a.q_len + i) * a.new_stride + int64_t(kvh) * D;
+  };
+  float q[E], k[kMaxMergeChunk][E], v[kMaxMergeChunk][E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) q[e] = to_float(qv[lane * E + e]);
+#pragma unroll
+  for (int i = 0; i < kMaxMergeChunk; ++i)
+    if (i <= j)
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        k[i][e] = to_float(new_row(0, i)[lane * E + e]);
+        v[i][e] = to_float(new_row(1, i)[vr.ch[e]]);
+      }
+  const int first = max(0, a.q_len - seq_len(a, b));  // the call's tokens before it have no position
+  ChunkTerm<E> t;
+  float s[kMaxMergeChunk];
+  bool nan = false;
+#pragma unroll
+  for (int i = 0; i < kMaxMergeChunk; ++i) {
+    s[i] = -INFINITY;
+    if (i <= j) {  // warp-uniform
+      float dot = 0.0f;
+#pragma unroll
+      for (int e = 0; e < E; ++e) dot += q[e] * k[i][e];
+      dot = group_sum(dot, 32);
+      if (i >= first) s[i] = a.q_scale * (dot - qm);
+    }
+    t.m = fmaxf(t.m, s[i]);  // (fmaxf drops a NaN)
+    nan |= isnan(s[i]);
+  }
+  if (nan) t.m = NAN;
+#pragma unroll
+  for (int i = 0; i < kMaxMergeChunk; ++i)
+    if (s[i] != -INFINITY) {
+      const float w = exp2f(s[i] - t.m);
+      t.l += w;
+#pragma unroll
+      for (int e = 0; e < E; ++e) t.o[e] += w * v[i][e];
+    }
+  return t;
+}
+
+// The chunk pass's term of query row r (longer calls), in the same units.
+template <int D>
+__device__ inline ChunkTerm<D / 32> passed_chunk_term(const AttnArgs& a, int b, int kvh, int r, float qm,
+                                                      const LaneRotation<D>& vr) {
+  ChunkTerm<D / 32> t;
+  const int64_t slot = chunk_slot(a, b, kvh, r);
+  const float2 ml = a.chunk_ml[slot];
+  t.m = isnan(ml.y) ? NAN : ml.x == -INFINITY ? -INFINITY : ml.x - a.q_scale * qm;
+  t.l = ml.y;
+#pragma unroll
+  for (int e = 0; e < D / 32; ++e) t.o[e] = a.chunk_o[slot * D + vr.ch[e]];
+  return t;
 }
 
 // APPENDS: the kernel of calls with merge_appends (the encoding's registers stay out of the others,
@@ -734,32 +803,25 @@ __global__ void __launch_bounds__(32 * kMergeWarps<D>) merge_kernel(AttnArgs a, 
   const int j = qr.token, hq = qr.head;
   const int64_t row = query_row_index(a, b, kvh, r);
   const T* qv = static_cast<const T*>(a.q) + row * D;
-  // q . key mean (original channels): the splits' scores leave it out; the own score and the
-  // log-sum-exp need it.
+  // Warp 0 finishes the row, so only it reads the value codec's channels, factors and means at its
+  // lanes' dims (the output's inverse rotation), q . key mean (original channels: the splits' scores
+  // leave it out; the chunk term and the log-sum-exp need it) and a short call's chunk term, all
+  // before the wait: after it, only the workspace reads stand between the split pass's end and the
+  // output.
   const CodecLayout& kl = a.cache.codec[0];
-  const float qm = kl.mean && (a.lse || a.new_kv[0])
-                       ? warp_q_dot<D>(qv, [&](int ch) { return mean_of(kl, kvh, ch); })
-                       : 0.0f;
-  // The own position's score joins the splits' states like one more split of one token.
-  const float s_own = own_score<D, T>(a, b, kvh, j, qv, qm);
-  // The table's page shift lowers every split's state (the cached positions) against the own term.
-  const float shift = a.cache.page_lse_shift ? a.cache.page_lse_shift[hq] * kLog2e : 0.0f;
-  // The value codec's channels, factors and means at this lane's dims (the output's inverse
-  // rotation), read before the wait as well: after it, only the workspace reads stand between the
-  // split pass's end and the output. Only warp 0 writes the output, so only it reads them.
   const CodecLayout& vl = a.cache.codec[1];
   LaneRotation<D> vr{};
-  float v_mean[E] = {}, v_own[E] = {};  // v_own: the own position's value (zeros without one)
+  float v_mean[E] = {}, qm = 0.0f;
+  ChunkTerm<E> chunk;
   if (warp == 0) {
     vr = lane_rotation<D>(vl, kvh);
-    const T* v_row = s_own == -INFINITY ? nullptr : static_cast<const T*>(a.new_kv[1]) +
-                                                        (int64_t(b) * a.q_len + j) * a.new_stride + int64_t(kvh) * D;
 #pragma unroll
-    for (int e = 0; e < E; ++e) {
-      v_mean[e] = mean_of(vl, kvh, vr.ch[e]);
-      if (v_row) v_own[e] = to_float(v_row[vr.ch[e]]);
-    }
+    for (int e = 0; e < E; ++e) v_mean[e] = mean_of(vl, kvh, vr.ch[e]);
+    if (kl.mean && (a.lse || a.new_kv[0])) qm = warp_q_dot<D>(qv, [&](int ch) { return mean_of(kl, kvh, ch); });
+    if (a.new_kv[0] && !a.chunk_ml) chunk = merged_chunk_term<D, T>(a, b, kvh, j, qv, qm, vr);
   }
+  // The table's page shift lowers every split's state (the cached positions) against the chunk term.
+  const float shift = a.cache.page_lse_shift ? a.cache.page_lse_shift[hq] * kLog2e : 0.0f;
   // Launched early (programmatic dependent launch): wait until the split pass's writes are visible.
   asm volatile("griddepcontrol.wait;" ::: "memory");
   // Warp w folds splits w, w + kMergeWarps<D>, ... into a running state of its own (maximum, sum,
@@ -790,9 +852,10 @@ __global__ void __launch_bounds__(32 * kMergeWarps<D>) merge_kernel(AttnArgs a, 
   if (lane == 0) m_s[warp] = m_w, l_s[warp] = l_w;
   __syncthreads();
   if (warp != 0) return;
-  // Warp 0 weighs the warps' states and the own position's score against their common maximum and
-  // finishes the row.
-  float m_all = s_own;
+  // Warp 0 weighs the warps' states and the chunk term against their common maximum and finishes
+  // the row.
+  if (a.chunk_ml) chunk = passed_chunk_term<D>(a, b, kvh, r, qm, vr);
+  float m_all = chunk.m;
 #pragma unroll
   for (int w = 0; w < kMergeWarps<D>; ++w) m_all = fmaxf(m_all, m_s[w]);
   float l_all = 0.0f;
@@ -805,13 +868,13 @@ __global__ void __launch_bounds__(32 * kMergeWarps<D>) merge_kernel(AttnArgs a, 
 #pragma unroll
     for (int e = 0; e < E; ++e) acc[e] += r * acc_s[w][lane * E + e];
   }
-  const float w_own = s_own == -INFINITY ? 0.0f : exp2f(s_own - m_all);
-  const float l_sum = l_all + w_own;
-  // The log-sum-exp with q . mean added back, in base 2.
+  const float w_chunk = chunk.m == -INFINITY ? 0.0f : exp2f(chunk.m - m_all);
+  const float l_sum = l_all + w_chunk * chunk.l;
+  // The log-sum-exp with q . mean added back, in base 2 (NaN where the sum is: a NaN score).
   if (a.lse && lane == 0)
-    a.lse[row] = l_sum > 0.0f ? (m_all + log2f(l_sum) + a.q_scale * qm) * kLn2 : -INFINITY;
-  // out = (R^-1(acc) * value scale + l_all * value mean + w_own * v_own) / l_sum: the cached
-  // tokens' decoded values each carry the value mean; a row that sees nothing gets the mean.
+    a.lse[row] = l_sum > 0.0f ? (m_all + log2f(l_sum) + a.q_scale * qm) * kLn2 : l_sum == 0.0f ? -INFINITY : NAN;
+  // out = (R^-1(acc) * value scale + l_all * value mean + w_chunk * chunk output) / l_sum: the
+  // cached tokens' decoded values each carry the value mean; a row that sees nothing gets the mean.
   const float inv = l_sum > 0.0f ? 1.0f / l_sum : 0.0f;
   const float mean_w = l_sum > 0.0f ? l_all * inv : 1.0f;
 #pragma unroll
@@ -821,7 +884,7 @@ __global__ void __launch_bounds__(32 * kMergeWarps<D>) merge_kernel(AttnArgs a, 
 #pragma unroll
   for (int e = 0; e < E; ++e) {
     float y = acc[e] * vr.factor[e] + mean_w * v_mean[e];
-    if (w_own > 0.0f) y += w_own * inv * v_own[e];
+    if (w_chunk != 0.0f) y += w_chunk * inv * chunk.o[e];  // (NaN: a NaN score)
     out[vr.ch[e]] = from_float<T>(y);
   }
 }
@@ -986,6 +1049,12 @@ size_t plan_slots(const SplitPlan& p, int batch, int num_kv_heads) {
   return size_t(batch) * num_kv_heads * p.row_tiles * kRows * p.num_splits;
 }
 
+// The chunk pass's states of a call of q_len tokens (one per query row, counted as workspace slots),
+// needed where it has new rows (counted in the bound below whether or not it has).
+size_t chunk_rows(const SplitPlan& p, int batch, int num_kv_heads, int q_len) {
+  return q_len > kMaxMergeChunk ? size_t(batch) * num_kv_heads * p.row_tiles * kRows : 0;
+}
+
 // Slots enough for every call whose batch, q_len and max_kv_len are at most these (the TensorRT
 // plugin sizes its workspace once, for its profile's maxima), from the bounds on split CTAs: a
 // pass's CTAs n <= max_split_ctas, each split at least one step; a split-pass CTA keeps kRows
@@ -999,7 +1068,8 @@ size_t slots_bound(int batch, int q_len, int group, int num_kv_heads, int max_kv
   if (pp.prefill)
     bound = std::max(bound, int64_t(kPrefillRows) *
                                 max_split_ctas(int64_t(batch) * num_kv_heads * pp.cta_tiles, kPrefillCtasPerSm));
-  return size_t(std::min(bound, int64_t(batch) * num_kv_heads * pp.row_tiles * kRows * steps));
+  return size_t(std::min(bound, int64_t(batch) * num_kv_heads * pp.row_tiles * kRows * steps)) +
+         chunk_rows(pp, batch, num_kv_heads, q_len);
 }
 
 // The generic split kernel for these codecs' groups, decoding codes of up to MAXB bits.
@@ -1070,16 +1140,13 @@ tq_status launch_split_pass(const AttnArgs& a, int warps, dim3 grid, cudaStream_
   if (a.append_cta0 != kNoAppendCtas) grid = dim3(unsigned(a.append_cta0 + int64_t(grid.z) * grid.y));  // z = b here
   const int smem = smem_plan(D, warps, a.chunk[0], a.chunk[1], a.cache.codec[0].rotary_pairs > 0).total;
   auto kernel = split_pass_encodes(a) ? split_kernel_of<D, T, true>(a, warps) : split_kernel_of<D, T, false>(a, warps);
-  if (smem > 48 * 1024 &&
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
-    return fail(TQ_ERR_CUDA, "attention: cannot raise the shared memory limit to %d bytes", smem);
-  kernel<<<grid, 32 * warps, smem, stream>>>(a);
-  return check_launch("attention (split pass)");
+  return launch_pass(kernel, "attention (split pass)", grid, 32 * warps, smem, a, stream);
 }
 
 template <int D, typename T>
 tq_status launch(const AttnArgs& a, const SplitPlan& sp, int batch, cudaStream_t stream) {
   const dim3 grid(a.num_splits, a.cache.num_kv_heads, batch * sp.cta_tiles);
+  if (a.chunk_ml) TQ_TRY((launch_chunk_pass<D, T>(a, batch, stream)));  // done before the merge pass starts
   TQ_TRY((sp.prefill ? launch_prefill_pass<D, T>(a, grid, stream) : launch_split_pass<D, T>(a, sp.warps, grid, stream)));
   // The merge pass as a programmatic dependent launch: its launch overlaps the split pass's tail
   // (it starts with griddepcontrol.wait), which matters where the whole call lasts microseconds.
@@ -1102,7 +1169,7 @@ tq_status launch(const AttnArgs& a, const SplitPlan& sp, int batch, cudaStream_t
                                    cudaGetErrorString(err));
 }
 
-// new_k, new_v, new_stride: the call's new rows (own positions attended exactly), or null;
+// new_k, new_v, new_stride: the call's new rows (the chunk term: attended exactly), or null;
 // append: write them into the pages first (the fused append).
 tq_status attention(const char* name, int max_q_len, const tq_paged_cache* cache,
                     const void* new_k, const void* new_v, int64_t new_stride, bool append,
@@ -1116,6 +1183,9 @@ tq_status attention(const char* name, int max_q_len, const tq_paged_cache* cache
   if (new_k) {
     if (reinterpret_cast<uintptr_t>(new_k) % 4 || reinterpret_cast<uintptr_t>(new_v) % 4)
       return fail(TQ_ERR_MISALIGNED, "%s: k_new and v_new must be 4-byte aligned", name);
+    if (new_stride % 2)
+      return fail(TQ_ERR_MISALIGNED, "%s: new_stride %lld must be even (4-byte aligned rows)", name,
+                  (long long)new_stride);
     if (new_stride < int64_t(a.cache.num_kv_heads) * a.cache.codec[0].head_dim)
       return fail(TQ_ERR_INVALID_ARGUMENT, "%s: new_stride %lld is smaller than num_kv_heads x "
                   "head_dim = %d", name, (long long)new_stride,
@@ -1153,7 +1223,9 @@ tq_status attention(const char* name, int max_q_len, const tq_paged_cache* cache
     return fail(TQ_ERR_BAD_LENGTH, "%s: batch %d x %d tiles of %d query rows exceeds the grid "
                 "limit (65535); split the batch or the chunk", name, batch, sp.cta_tiles,
                 sp.prefill ? kPrefillRows : kRows);
-  const size_t slots = plan_slots(sp, batch, heads), need = workspace_bytes(slots, d);
+  const size_t slots = plan_slots(sp, batch, heads);
+  const size_t chunk = new_k ? chunk_rows(sp, batch, heads, q_len) : 0;
+  const size_t need = workspace_bytes(slots + chunk, d);
   if (!workspace || ws_bytes < need)
     return fail(TQ_ERR_WORKSPACE, "%s: the workspace needs %zu bytes, got %zu%s", name, need,
                 ws_bytes, workspace ? "" : " (NULL)");
@@ -1194,8 +1266,11 @@ tq_status attention(const char* name, int max_q_len, const tq_paged_cache* cache
   const bool one_token = append && q_len == 1 && !sp.prefill;
   a.append_cta0 = one_token && int64_t(batch) * heads <= free_slots ? int(split_ctas) : kNoAppendCtas;
   a.merge_appends = one_token && a.append_cta0 == kNoAppendCtas;
+  // [ws_o | chunk_o | ws_ml | chunk_ml]
   a.ws_o = static_cast<float*>(workspace);
-  a.ws_ml = reinterpret_cast<float2*>(a.ws_o + slots * d);
+  a.ws_ml = reinterpret_cast<float2*>(a.ws_o + (slots + chunk) * d);
+  a.chunk_o = chunk ? a.ws_o + slots * d : nullptr;
+  a.chunk_ml = chunk ? a.ws_ml + slots : nullptr;
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   return dispatch(d, dtype, [&](auto dim, auto type) {
     return launch<decltype(dim)::value, typename decltype(type)::type>(a, sp, batch, s);

@@ -11,6 +11,7 @@
 #include "cache.h"
 #include "device_common.cuh"
 #include "encode_vector.cuh"
+#include "errors.h"
 #include "mma.cuh"
 #include "tile_decode.cuh"
 
@@ -60,13 +61,14 @@ struct AttnArgs {
   int num_splits, split_tokens;
   float q_scale;        // softmax_scale * log2(e)
   // The call's new keys and values, the rows of the last q_len positions (k_new, v_new), or null.
-  // Given, each query row's own position is attended with them exactly (merge pass) and the
-  // passes over the cache stop one position earlier (own_lag).
+  // Given, each query row attends to the call's positions up to its own with them, exactly (the
+  // chunk term: the merge pass, or the chunk pass for long calls), and the passes over the cache
+  // stop before the call's first position (cache_end).
   const void* new_kv[2];
   int64_t new_stride;     // their token stride, elements
   bool append;            // the fused append: new_kv written into the pages
   // A one-token step's fused append runs in CTAs of its own, as no split reads that position
-  // (own_lag): the split pass's from append_cta0 on (launched after every split's CTA), else
+  // (cache_end): the split pass's from append_cta0 on (launched after every split's CTA), else
   // (kNoAppendCtas) the merge pass's after its query rows' (merge_appends). A longer step's: each
   // split encodes the new positions it holds before it reads any.
   int append_cta0;
@@ -75,7 +77,20 @@ struct AttnArgs {
   bool merge_at_start;
   float* ws_o;          // [batch][Hkv][row_tiles * 16][splits][D]: unnormalized partial outputs
   float2* ws_ml;        // [batch][Hkv][row_tiles * 16][splits]: (running max, sum) in base 2
+  // The chunk pass's states (calls with new_kv longer than kMaxMergeChunk), else null:
+  // [batch][Hkv][row_tiles * 16] rows (chunk_slot), the output in original channels.
+  float* chunk_o;
+  float2* chunk_ml;     // (max, sum) in base 2, in units of q_scale q . k (the key mean left in)
 };
+
+// Calls with new_kv of at most this many tokens take their chunk term in the merge pass (a loop
+// over the call's positions per query row); longer ones in the chunk pass (tensor cores).
+constexpr int kMaxMergeChunk = TQ_MAX_DECODE_Q_LEN;
+
+// Query row r's slot among the chunk pass's states (AttnArgs::chunk_o, chunk_ml).
+__host__ __device__ inline int64_t chunk_slot(const AttnArgs& a, int b, int kvh, int r) {
+  return (int64_t(b) * a.cache.num_kv_heads + kvh) * a.row_tiles.d * kRows + r;
+}
 
 
 // Issues the 16-byte copies of `chunks` consecutive chunks, lane-strided, from byte `offset` of
@@ -121,17 +136,18 @@ __device__ inline float fast_exp2(float x) {
   return y;
 }
 
-// How many positions before its own a query row's reads of the cache stop: 1 with new_kv (the own
-// position is taken exactly in the merge pass), else 0.
-__device__ inline int own_lag(const AttnArgs& a) { return a.new_kv[0] ? 1 : 0; }
-
 // Sequence b's length as the kernels read it: kv_lens[b] clamped to [0, max_kv_len].
 __device__ inline int seq_len(const AttnArgs& a, int b) { return max(0, min(a.kv_lens[b], a.max_kv_len)); }
 
+// One past the last cached position that a query row of the call's token `token` reads: its own
+// (causal), or with new_kv the call's first (the call's positions are the chunk term's).
+__device__ inline int cache_end(const AttnArgs& a, int len, int token) {
+  return len - a.q_len + (a.new_kv[0] ? 0 : token + 1);
+}
+
 // The keys a CTA of query rows [row0, row0 + cta_rows) reads in its split: [begin, end), cut at
-// the sequence's length `len` and after the last cached position any of its rows may see (causal:
-// up to its own, or up to the one before with own_lag); tokens before full_end are visible to every
-// one of its rows (no mask needed there).
+// the sequence's length `len` and at the last row's cache_end; tokens before full_end are visible
+// to every one of its rows (no mask needed there).
 struct CtaKeys {
   int len, begin, end, full_end;
 };
@@ -140,15 +156,14 @@ __device__ inline CtaKeys cta_keys(const AttnArgs& a, int b, int split, int row0
   k.len = seq_len(a, b);
   const int last_row = min(a.rows, row0 + cta_rows) - 1;
   k.begin = split * a.split_tokens;
-  k.end = min(min(k.len, k.len - a.q_len + quotient(last_row, a.group) + 1 - own_lag(a)),
-              k.begin + a.split_tokens);
-  k.full_end = min(k.end, k.len - a.q_len + quotient(row0, a.group) + 1 - own_lag(a));
+  k.end = min(min(k.len, cache_end(a, k.len, quotient(last_row, a.group))), k.begin + a.split_tokens);
+  k.full_end = min(k.end, cache_end(a, k.len, quotient(row0, a.group)));
   return k;
 }
 
 // The last cached position query row r reads; padding rows (r >= rows) are never written out: no limit.
 __device__ inline int causal_limit(const AttnArgs& a, int len, int r) {
-  return r < a.rows ? len - a.q_len + quotient(r, a.group) - own_lag(a) : INT_MAX;
+  return r < a.rows ? cache_end(a, len, quotient(r, a.group)) - 1 : INT_MAX;
 }
 
 // The workspace slot of query row r's partial state in split `split` (AttnArgs::ws_o, ws_ml).
@@ -305,9 +320,26 @@ inline bool has_5bit_codes(const CacheView& c) {
   return c.codec[0].group[0].bits == 5 || c.codec[1].group[0].bits == 5;
 }
 
+// Launches one of the attention passes' kernels on `threads` threads per CTA with `smem` bytes of
+// dynamic shared memory, raising the kernel's limit first where that exceeds the default 48 KB;
+// `pass` names it in errors.
+inline tq_status launch_pass(void (*kernel)(AttnArgs), const char* pass, dim3 grid, int threads, int smem,
+                             const AttnArgs& a, cudaStream_t stream) {
+  if (smem > 48 * 1024 &&
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
+    return fail(TQ_ERR_CUDA, "%s: cannot raise the shared memory limit to %d bytes", pass, smem);
+  kernel<<<grid, threads, smem, stream>>>(a);
+  return check_launch(pass);
+}
+
 // The prefill pass (prefill_attention.cu) writes one partial state per split of every query row,
 // like the split pass; the merge pass finishes both. grid: (splits, KV heads, batch x CTA row tiles).
 template <int D, typename T>
 tq_status launch_prefill_pass(const AttnArgs& a, dim3 grid, cudaStream_t stream);
+
+// The chunk pass (chunk_attention.cu): each query row's attention over the call's new keys and
+// values up to its own token, exactly, into AttnArgs::chunk_o / chunk_ml, for the merge pass.
+template <int D, typename T>
+tq_status launch_chunk_pass(const AttnArgs& a, int batch, cudaStream_t stream);
 
 }  // namespace tq

@@ -388,12 +388,7 @@ tq_status launch_prefill_pass(const AttnArgs& a, dim3 grid, cudaStream_t stream)
   const int bytes = prefill_smem<D>(a.tile[0], a.tile[1], a.cache.codec[0].rotary_pairs > 0).total;
   const bool k1 = a.cache.codec[0].num_groups == 1, v1 = a.cache.codec[1].num_groups == 1;
   auto kernel = has_5bit_codes(a.cache) ? prefill_kernel_for<D, 5, T>(k1, v1) : prefill_kernel_for<D, 4, T>(k1, v1);
-  if (bytes > 48 * 1024 &&
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess)
-    return fail(TQ_ERR_CUDA, "attention (prefill pass): cannot raise the shared memory limit to %d "
-                "bytes", bytes);
-  kernel<<<grid, 32 * kPrefillWarps, bytes, stream>>>(a);
-  return check_launch("attention (prefill pass)");
+  return launch_pass(kernel, "attention (prefill pass)", grid, 32 * kPrefillWarps, bytes, a, stream);
 }
 
 template tq_status launch_prefill_pass<64, __half>(const AttnArgs&, dim3, cudaStream_t);

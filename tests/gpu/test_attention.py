@@ -90,7 +90,8 @@ def case_id(c):
 @pytest.mark.parametrize("with_own", [False, True], ids=["cache", "own"])
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_decode_attention_ragged(case, with_own, gen):
-    """Every position from the cache, or (own) each query's own position from its new rows."""
+    """Every position from the cache, or (own) the call's positions up to each query's own from
+    the new rows."""
     d, hq, hkv, kw, vw, q_len, dtype, tables = case
     T = 32
     lengths = [max(1, q_len), T - 1, 3 * T + 5, 777, 16, 2048 + 3]
@@ -129,6 +130,32 @@ def test_a_non_finite_row_makes_what_reads_it_nan(bad, gen):
             "the bad key's KV head (query heads 4-7) must read NaN, the other head finite"
         assert torch.isnan(out[1, :, :4]).all() and torch.isfinite(out[1, :, 4:]).all()
         assert torch.isfinite(out[2]).all()
+
+
+@pytest.mark.parametrize("q_len", [1, 4, 20])  # the merge pass's chunk term; 20: the chunk pass
+def test_a_non_finite_new_row_reaches_every_row_that_reads_it(q_len, gen):
+    """A NaN in the call's new rows (k_new, v_new, read exactly, not through the cache) reaches what
+    reads it, as in fp16 attention, and no other sequence or KV head. Sequence 0 gets a NaN key
+    coordinate at token `bad`: from that token on, the rows of its KV head are NaN, output and
+    log-sum-exp. Sequence 1 gets a NaN value coordinate there: from that token on, that output
+    coordinate of its KV head's rows is NaN. Rows of earlier tokens may read a later value's NaN
+    (times a zero probability, as in fp16 flash attention) and are not checked."""
+    lengths, bad = [300, 300, 300], q_len // 2
+    cache, table, kc = make_cache(128, 3, 3, 2, 64, lengths, gen, tables=True)
+    fill(kc, lengths, 2, 128, gen)
+    q = torch.randn(3, q_len, 8, 128, generator=gen).half().cuda()
+    own = new_rows(3, q_len, 2, 128, torch.float16, gen)
+    own[0][0, bad, 1, 17] = float("nan")
+    own[1][1, bad, 0, 90] = float("nan")
+    lse = torch.empty(3, q_len, 8, device="cuda")
+    run = decode_attention if q_len <= 8 else prefill_attention
+    out = run(kc, q, torch.tensor(lengths), 300, lse=lse, own=own)
+    for got in (out, lse[..., None]):
+        assert torch.isnan(got[0, bad:, 4:]).all(), "the bad key's KV head (query heads 4-7) must read NaN"
+        assert torch.isfinite(got[0, :, :4]).all() and torch.isfinite(got[2]).all()
+    assert torch.isnan(out[1, bad:, :4, 90]).all(), "the bad value's coordinate must be NaN"
+    assert torch.isfinite(out[1, bad:, :4, :90]).all() and torch.isfinite(out[1, :, 4:]).all()
+    assert torch.isfinite(lse[1]).all()
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
@@ -257,7 +284,7 @@ PREFILL_CASES = [
 @pytest.mark.parametrize("case", PREFILL_CASES, ids=case_id)
 def test_prefill_attention_chunk_over_history(case, with_own, gen):
     """A chunk of new tokens (keys appended first) attends causally to its history and itself
-    (own: each token's own position from its new rows): ragged histories, none at all, and one long
+    (own: the chunk's positions up to each token's own from its new rows): ragged histories, none at all, and one long
     enough to be split."""
     d, hq, hkv, kw, vw, chunk, dtype, tables = case
     lengths = [chunk + 300, chunk + 29, chunk, chunk + 3001]
@@ -367,8 +394,8 @@ def test_the_fused_append_beside_eight_warp_ctas(lengths, gen):
 
 def reference_lse(cache, table, q, lengths, scale, own_k=None, shift=None):
     """float64 log-sum-exp of scale * q . k_hat over the keys each query row sees, k_hat the
-    reference-dequantized keys (key mean included; own_k [batch, q_len, Hkv, d] at each row's own
-    position where given; the cached ones' logits lowered by shift [Hq] where given):
+    reference-dequantized keys (key mean included; own_k [batch, q_len, Hkv, d] at the call's
+    positions where given; the cached ones' logits lowered by shift [Hq] where given):
     [batch, q_len, Hq], -inf where none."""
     q_len, hq = q.shape[1:3]
     rows = []
@@ -381,10 +408,10 @@ def reference_lse(cache, table, q, lengths, scale, own_k=None, shift=None):
         logits = logits.masked_fill(kpos > qpos, float("-inf"))
         if shift is not None:
             logits = logits - shift.to(logits)[None, :, None]
-        if own_k is not None:
+        if own_k is not None:  # row j reads the call's tokens i <= j that have a position
             mine = own_k[b].double().repeat_interleave(hq // own_k.shape[2], dim=1)
-            j = torch.arange(max(0, q_len - n), q_len, device=q.device)  # rows with a position
-            logits[j, :, n - q_len + j] = (q[b].double()[j] * mine[j]).sum(-1) * scale
+            for i in range(max(0, q_len - n), q_len):
+                logits[i:, :, n - q_len + i] = (q[b].double()[i:] * mine[i]).sum(-1) * scale
         rows.append(logits.logsumexp(dim=-1))
     return torch.stack(rows)
 
@@ -425,14 +452,14 @@ def test_decode_attention_returns_the_lse(case, gen):
 
 
 def test_prefill_attention_returns_the_lse(gen):
-    lengths = [400, 130]
+    lengths = [400, 130, 97]  # 97: the chunk's first three tokens have no position
     cache, table, kc = make_cache(128, 3, 3, 2, 32, lengths, gen, tables=True)
     fill(kc, lengths, 2, 128, gen)
-    q = torch.randn(2, 100, 8, 128, generator=gen).half().cuda()
-    lse = torch.empty(2, 100, 8, device="cuda")
+    q = torch.randn(3, 100, 8, 128, generator=gen).half().cuda()
+    lse = torch.empty(3, 100, 8, device="cuda")
     prefill_attention(kc, q, torch.tensor(lengths), max(lengths), lse=lse)
     check_lse(lse, reference_lse(cache, table, q, lengths, 128**-0.5))
-    own = new_rows(2, 100, 2, 128, torch.float16, gen)
+    own = new_rows(3, 100, 2, 128, torch.float16, gen)
     prefill_attention(kc, q, torch.tensor(lengths), max(lengths), lse=lse, own=own)
     check_lse(lse, reference_lse(cache, table, q, lengths, 128**-0.5, own[0]))
 

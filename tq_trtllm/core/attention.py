@@ -1,7 +1,7 @@
 """fp32 attention over a dequantized cache: what every attention kernel is compared with, and the
 dense paths of the runtime. One rule throughout: a query attends to the positions its mask allows,
-and to its most recent ones (its own at least: the kernels' k_new/v_new rule) through their keys
-and values as computed, exactly, rather than through the cache."""
+and to its most recent ones (with the kernels' k_new/v_new: the call's positions up to its own)
+through their keys and values as computed, exactly, rather than through the cache."""
 
 from __future__ import annotations
 
@@ -89,12 +89,14 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softm
                         own: tuple[torch.Tensor, torch.Tensor] | None = None,
                         page_shift: torch.Tensor | None = None) -> torch.Tensor:
     """q: [q_len, Hq, d] for the LAST q_len positions of k, v: [kv_len, Hkv, d]; causal; GQA.
-    own: the new tokens' (k, v) [q_len, Hkv, d] as written, or None (masked_attention's rule).
-    page_shift: [Hq] taken from the logits of the positions read from k (not own's), or None.
-    Returns fp32 [q_len, Hq, d]."""
-    allowed = bottom_right_causal(q.shape[0], k.shape[0], q.device)
+    own: the new tokens' (k, v) [q_len, Hkv, d] as written, or None. Given, each query reads the
+    new tokens' positions up to its own from them (the kernels' k_new/v_new rule) and only the
+    older ones from k, v. page_shift: [Hq] taken from the logits of the positions read from k (not
+    own's), or None. Returns fp32 [q_len, Hq, d]."""
+    q_len = q.shape[0]
+    allowed = bottom_right_causal(q_len, k.shape[0], q.device)
     heads_first = [x.transpose(0, 1) for x in (q, k, v)]
     own = None if own is None else tuple(x.transpose(0, 1) for x in own)
     bias = None if page_shift is None else -page_shift.to(q.device, torch.float32)[:, None, None]
-    out, _ = masked_attention(*heads_first, softmax_scale, allowed, exact=own, bias=bias)
+    out, _ = masked_attention(*heads_first, softmax_scale, allowed, exact=own, recent=q_len, bias=bias)
     return out.transpose(0, 1)

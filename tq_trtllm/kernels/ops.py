@@ -248,7 +248,8 @@ def decode_attention(kc: KernelCache, q: torch.Tensor, kv_lens: torch.Tensor, ma
     merge this attention with attention over keys outside the cache; the cached keys' part is
     lowered by kc's page_lse_shift, as in the output. own=(k, v), each
     [batch, q_len, num_kv_heads, head_dim] in q's dtype: the new tokens' keys and values, with which
-    each query attends to its own position exactly (earlier ones through the cache). append=True
+    each query attends to the call's positions up to its own exactly (older ones through the cache:
+    core.attention.reference_attention's rule). append=True
     first writes them at those positions (tq_decode_attention_append: the quantize-append fused
     into the attention launch, rounding y itself, without step 4.4's scale search). Returns out.
     """

@@ -103,7 +103,7 @@ typedef struct tq_paged_cache {
   tq_codec value;
   /* device float32 [num_q_heads] (4-byte aligned), or NULL = zeros: the calibration table's
    * page_lse_shift. The attention calls subtract it (natural log) from the log-sum-exp of the
-   * positions read through the cache before merging them with the own position's exact term
+   * positions read through the cache before merging them with the call's exact positions
    * (k_new, v_new), and their lse output is that of the merged attention. Quantization noise on
    * the packed logits inflates the cached positions' softmax mass by about var/2; this takes it
    * back. Ignored by quantize-append and dequantize. */
@@ -137,10 +137,12 @@ tq_status tq_quantize_append(const tq_paged_cache* cache, const void* k, const v
  * position (kv_lens[b] < q_len - j) gets the value mean (zeros without a mean).
  * k_new, v_new: the new tokens' own keys and values as they were appended ([batch][q_len]
  * [num_kv_heads][head_dim], token (b, j) at element offset (b * q_len + j) * new_stride, `dtype`,
- * 4-byte aligned), or both NULL. Given, each query token attends to its OWN position with them,
- * exactly (not through the cache; a decode kernel has them at hand, and the quantization error of
- * the one key and value a token attends to most is not paid), and to every earlier position through
- * the cache; NULL reads its own position from the cache like every other.
+ * 4-byte aligned, new_stride even), or both NULL. Given, query token j attends to the call's
+ * tokens 0..j with them, exactly (not through the cache: the keys and values a token attends to
+ * most pay no quantization error, and a prompt's tokens read each other as computed), and to the
+ * positions before the call's first through the cache; NULL reads every position from the cache.
+ * Calls of more than TQ_MAX_DECODE_Q_LEN tokens take that part on tensor cores in a pass of its
+ * own (its states live in the workspace, which tq_attention_workspace_bytes counts).
  * q, out: [batch][q_len][num_q_heads][head_dim] (contiguous, `dtype`); num_q_heads =
  * group * num_kv_heads with group in 1..TQ_MAX_GQA_GROUP; query head hq uses KV head hq / group.
  * kv_lens: device int32 [batch]. max_kv_len (host) bounds every kv_lens[b] and must not exceed
@@ -148,9 +150,9 @@ tq_status tq_quantize_append(const tq_paged_cache* cache, const void* k, const v
  * softmax_scale multiplies q . k (usually 1/sqrt(head_dim)).
  * lse: NULL, or device float32 [batch][q_len][num_q_heads] (4-byte aligned) that receives each
  * query row's natural-log log-sum-exp over the keys it sees, log(sum_i exp(softmax_scale *
- * q . k_i)), k_i the decoded key including the key mean (the exact own key with k_new); -inf for a
- * row that sees no key. With it a caller merges this attention with attention over keys kept
- * outside the cache.
+ * q . k_i)), k_i the decoded key including the key mean (the exact key of k_new for the call's
+ * positions where given); -inf for a row that sees no key. With it a caller merges this attention
+ * with attention over keys kept outside the cache.
  * workspace: device memory of at least tq_attention_workspace_bytes(...) bytes, 16-byte aligned,
  * for the partial softmax states of the split-KV passes; not shared between concurrent calls.
  * The size queried for (batch, q_len, max_kv_len) serves every call whose batch, q_len and
