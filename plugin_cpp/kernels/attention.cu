@@ -331,8 +331,8 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
 #pragma unroll
         for (int nr = 0; nr < NR; ++nr) {
           const __half* q = q_s + (8 * nr + g4) * (D + 8);
-          qb[g * KSTEPS + st][nr][0] = pack_half2(q[c[0]], q[c[1]]);
-          qb[g * KSTEPS + st][nr][1] = pack_half2(q[c[2]], q[c[3]]);
+          qb[g * KSTEPS + st][nr][0] = pack_pair(q[c[0]], q[c[1]]);
+          qb[g * KSTEPS + st][nr][1] = pack_pair(q[c[2]], q[c[3]]);
         }
       }
   }
@@ -497,8 +497,8 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
         uint32_t re_hi[NR], re_lo[NR], im_hi[NR], im_lo[NR];
 #pragma unroll
         for (int nr = 0; nr < NR; ++nr) {
-          split_half2(rot_w[nr][st][0].x, rot_w[nr][st][1].x, re_hi[nr], re_lo[nr]);
-          split_half2(-rot_w[nr][st][0].y, -rot_w[nr][st][1].y, im_hi[nr], im_lo[nr]);
+          split_float2(rot_w[nr][st][0].x, rot_w[nr][st][1].x, re_hi[nr], re_lo[nr]);
+          split_float2(-rot_w[nr][st][0].y, -rot_w[nr][st][1].y, im_hi[nr], im_lo[nr]);
         }
         const int lm = lane >> 3;  // lanes 8m .. 8m+7 address rows 8 (m % 2) .., columns 8 (m / 2) ..
 #pragma unroll
@@ -709,24 +709,25 @@ struct ChunkTerm {
   float m = -INFINITY, l = 0.0f, o[E] = {};
 };
 
-// The chunk term of a query row of the call's token j, in a call of at most kMaxMergeChunk tokens,
-// from the new rows. Every key and value a lane needs is read first, in one round of independent
-// loads (the call's tokens up to j exist whether or not they have a position, so no read waits
-// for the sequence length): a loop that read row by row behind each score's shuffles made a
-// 4-token call 15% slower (docs/BENCHMARKS.md, session 41). qm: q . key mean.
-template <int D, typename T>
+// The chunk term of a query row of the call's token j, in a call of at most N (<= kMaxMergeChunk)
+// tokens, from the new rows. Every key and value a lane needs is read first, in one round of
+// independent loads (the call's tokens up to j exist whether or not they have a position, so no
+// read waits for the sequence length): a loop that read row by row behind each score's shuffles
+// made a 4-token call 15% slower (docs/BENCHMARKS.md, session 41). qm: q . key mean.
+template <int D, int N, typename T>
 __device__ inline ChunkTerm<D / 32> merged_chunk_term(const AttnArgs& a, int b, int kvh, int j, const T* qv,
                                                       float qm, const LaneRotation<D>& vr) {
+  static_assert(N <= kMaxMergeChunk);
   constexpr int E = D / 32;
   const int lane = threadIdx.x & 31;
   auto new_row = [&](int kind, int i) {
     return static_cast<const T*>(a.new_kv[kind]) + (int64_t(b) * a.q_len + i) * a.new_stride + int64_t(kvh) * D;
   };
-  float q[E], k[kMaxMergeChunk][E], v[kMaxMergeChunk][E];
+  float q[E], k[N][E], v[N][E];
 #pragma unroll
   for (int e = 0; e < E; ++e) q[e] = to_float(qv[lane * E + e]);
 #pragma unroll
-  for (int i = 0; i < kMaxMergeChunk; ++i)
+  for (int i = 0; i < N; ++i)
     if (i <= j)
 #pragma unroll
       for (int e = 0; e < E; ++e) {
@@ -735,10 +736,10 @@ __device__ inline ChunkTerm<D / 32> merged_chunk_term(const AttnArgs& a, int b, 
       }
   const int first = max(0, a.q_len - seq_len(a, b));  // the call's tokens before it have no position
   ChunkTerm<E> t;
-  float s[kMaxMergeChunk];
+  float s[N];
   bool nan = false;
 #pragma unroll
-  for (int i = 0; i < kMaxMergeChunk; ++i) {
+  for (int i = 0; i < N; ++i) {
     s[i] = -INFINITY;
     if (i <= j) {  // warp-uniform
       float dot = 0.0f;
@@ -752,7 +753,7 @@ __device__ inline ChunkTerm<D / 32> merged_chunk_term(const AttnArgs& a, int b, 
   }
   if (nan) t.m = NAN;
 #pragma unroll
-  for (int i = 0; i < kMaxMergeChunk; ++i)
+  for (int i = 0; i < N; ++i)
     if (s[i] != -INFINITY) {
       const float w = exp2f(s[i] - t.m);
       t.l += w;
@@ -818,7 +819,10 @@ __global__ void __launch_bounds__(32 * kMergeWarps<D>) merge_kernel(AttnArgs a, 
 #pragma unroll
     for (int e = 0; e < E; ++e) v_mean[e] = mean_of(vl, kvh, vr.ch[e]);
     if (kl.mean && (a.lse || a.new_kv[0])) qm = warp_q_dot<D>(qv, [&](int ch) { return mean_of(kl, kvh, ch); });
-    if (a.new_kv[0] && !a.chunk_ml) chunk = merged_chunk_term<D, T>(a, b, kvh, j, qv, qm, vr);
+    // (A merge that appends serves one-token steps only: room for one token's rows keeps the
+    // encoding's registers and these within the limit without a spill.)
+    if (a.new_kv[0] && !a.chunk_ml)
+      chunk = merged_chunk_term<D, APPENDS ? 1 : kMaxMergeChunk, T>(a, b, kvh, j, qv, qm, vr);
   }
   // The table's page shift lowers every split's state (the cached positions) against the chunk term.
   const float shift = a.cache.page_lse_shift ? a.cache.page_lse_shift[hq] * kLog2e : 0.0f;

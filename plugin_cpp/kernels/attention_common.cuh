@@ -69,8 +69,8 @@ struct AttnArgs {
   bool append;            // the fused append: new_kv written into the pages
   // A one-token step's fused append runs in CTAs of its own, as no split reads that position
   // (cache_end): the split pass's from append_cta0 on (launched after every split's CTA), else
-  // (kNoAppendCtas) the merge pass's after its query rows' (merge_appends). A longer step's: each
-  // split encodes the new positions it holds before it reads any.
+  // (kNoAppendCtas) the merge pass's after its query rows' (merge_appends). A longer step's: the
+  // splits whose ranges hold the new positions encode them (none reads them).
   int append_cta0;
   bool merge_appends;
   // The split pass lets the merge pass start at once, not after its tile loop (attention()).
@@ -234,7 +234,7 @@ template <class At>
 __device__ inline void store_turn_hi_lo(__half* hi, __half* lo, int i, float2 cs, At at) {
 #pragma unroll
   for (int part = 0; part < 2; ++part) {
-    const HalfHiLo v = split_half(part ? cs.y : cs.x);
+    const HiLo<__half> v = split_hi_lo(part ? cs.y : cs.x);
     hi[at(rot_col(i) + 8 * part)] = v.hi;
     lo[at(rot_col(i) + 8 * part)] = v.lo;
   }

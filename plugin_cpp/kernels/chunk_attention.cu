@@ -31,52 +31,6 @@ constexpr int tile_ld() { return D + 8; }
 template <int D>
 constexpr int chunk_smem_bytes() { return (kChunkRows + 4 * kKeyTile) * tile_ld<D>() * 2; }
 
-template <typename T>
-__device__ inline void mma_16816_t(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, __half>) {
-    mma_16816(d, a, b0, b1);
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-__device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-}
-
-// A BYTES-byte cp.async (16 or 4) that zero-fills where !valid (src is then not read).
-template <int BYTES>
-__device__ inline void cp_async_fill(void* smem, const void* gmem, bool valid) {
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const int src_bytes = valid ? BYTES : 0;
-  if constexpr (BYTES == 16)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
-  else
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(src_bytes));
-}
-
-template <typename T>
-__device__ inline uint32_t bits_of(T x) {
-  return uint32_t(*reinterpret_cast<const uint16_t*>(&x));
-}
-template <typename T>
-__device__ inline uint32_t pack_pair(float lo, float hi) {
-  return bits_of(from_float<T>(lo)) | (bits_of(from_float<T>(hi)) << 16);
-}
-// (lo, hi) as T pairs hi and lo: the pair and its rounding remainder.
-template <typename T>
-__device__ inline void split_pair(float lo, float hi, uint32_t& h, uint32_t& l) {
-  const T a = from_float<T>(lo), b = from_float<T>(hi);
-  h = bits_of(a) | (bits_of(b) << 16);
-  l = pack_pair<T>(lo - to_float(a), hi - to_float(b));
-}
-
 // Issues the copies of tokens [t0, t0 + kKeyTile) of kind's new rows (zeros from t_end on) into a
 // staged tile, in VEC-byte pieces (16 where the rows are 16-byte aligned, else 4: launch_chunk_pass).
 template <int D, int VEC, typename T>
@@ -146,8 +100,8 @@ __global__ void __launch_bounds__(32 * kChunkWarps, 2) chunk_kernel(AttnArgs a) 
       for (int nt = 0; nt < kKeyTile / 8; ++nt) {
         uint32_t kb[4];
         ldmatrix_x4(kb, k_s + (8 * nt + (lane & 7)) * LD + 16 * ks + 8 * (lane >> 3));
-        mma_16816_t<T>(s[nt], qa, kb[0], kb[1]);
-        mma_16816_t<T>(s[nt], qb, kb[2], kb[3]);
+        mma_16816<T>(s[nt], qa, kb[0], kb[1]);
+        mma_16816<T>(s[nt], qb, kb[2], kb[3]);
       }
     }
     // Online softmax in base 2 over the tile, rows g4 (h 0: c0, c1) and g4 + 8 (h 1: c2, c3).
@@ -192,17 +146,17 @@ __global__ void __launch_bounds__(32 * kChunkWarps, 2) chunk_kernel(AttnArgs a) 
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const float* x = s[2 * ks + i / 2] + 2 * (i % 2);
-        split_pair<T>(x[0], x[1], p[i], p_lo[i]);
+        split_float2<T>(x[0], x[1], p[i], p_lo[i]);
       }
 #pragma unroll
       for (int n = 0; n < D / 8; n += 2) {
         uint32_t vb[4];
         ldmatrix_x4_trans(vb, v_s + (16 * ks + 8 * ((lane >> 3) & 1) + (lane & 7)) * LD + 8 * (n + (lane >> 4)));
-        mma_16816_t<T>(o[n], p, vb[0], vb[1]);
-        mma_16816_t<T>(o[n + 1], p, vb[2], vb[3]);
+        mma_16816<T>(o[n], p, vb[0], vb[1]);
+        mma_16816<T>(o[n + 1], p, vb[2], vb[3]);
         if constexpr (!std::is_same_v<T, __half>) {
-          mma_16816_t<T>(o[n], p_lo, vb[0], vb[1]);
-          mma_16816_t<T>(o[n + 1], p_lo, vb[2], vb[3]);
+          mma_16816<T>(o[n], p_lo, vb[0], vb[1]);
+          mma_16816<T>(o[n + 1], p_lo, vb[2], vb[3]);
         }
       }
     }
