@@ -1,9 +1,9 @@
 // mma.cuh: the warp-level tensor-core product (mma.sync m16n8k16, fp16 or bf16 in, fp32
-// accumulate), the 8x8 fragment transpose, ldmatrix and cp.async, as the attention kernels use them. Fragment
-// layouts: PTX ISA, "Matrix Fragments for mma.m16n8k16": lane = 4 * groupID + tig; A a0 (row
-// groupID, cols 2tig..+1), a1 (row +8), a2 (cols +8), a3 (both); B b0 (k 2tig..+1, n groupID),
-// b1 (k +8); C c0,c1 (row groupID, cols 2tig..+1), c2,c3 (row +8). The 8-bit form (mma.sync
-// m16n8k32, s8 in, s32 accumulate) holds 4 consecutive k per register: A a0 (row groupID, cols
+// accumulate), the 8x8 fragment transpose, ldmatrix and cp.async, as the attention kernels use
+// them. Fragment layouts: PTX ISA, "Matrix Fragments for mma.m16n8k16": lane = 4 * groupID + tig;
+// A a0 (row groupID, cols 2tig..+1), a1 (row +8), a2 (cols +8), a3 (both); B b0 (k 2tig..+1,
+// n groupID), b1 (k +8); C c0,c1 (row groupID, cols 2tig..+1), c2,c3 (row +8). The 8-bit form
+// (m16n8k32, s8 in, s32 accumulate) holds 4 consecutive k per register: A a0 (row groupID, cols
 // 4tig..+3), a1 (row +8), a2 (cols +16), a3 (both); B b0 (k 4tig..+3), b1 (k +16); C as above.
 #pragma once
 
