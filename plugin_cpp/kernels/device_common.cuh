@@ -30,6 +30,8 @@ __device__ inline float rotation_sign(uint32_t seed, int j) {
 
 __device__ inline float to_float(__half x) { return __half2float(x); }
 __device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ inline uint16_t bits_of(__half x) { return __half_as_ushort(x); }
+__device__ inline uint16_t bits_of(__nv_bfloat16 x) { return __bfloat16_as_ushort(x); }
 template <typename T> __device__ inline T from_float(float x);
 template <> __device__ inline __half from_float<__half>(float x) { return __float2half_rn(x); }
 template <> __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) {

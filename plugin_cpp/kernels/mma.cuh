@@ -66,8 +66,7 @@ __device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
 // A 16-bit pair as one operand register, lo in the low half.
 template <typename T>
 __device__ inline uint32_t pack_pair(T lo, T hi) {
-  static_assert(sizeof(T) == 2, "pack_pair packs 16-bit values");
-  return uint32_t(*reinterpret_cast<const uint16_t*>(&lo)) | (uint32_t(*reinterpret_cast<const uint16_t*>(&hi)) << 16);
+  return uint32_t(bits_of(lo)) | (uint32_t(bits_of(hi)) << 16);
 }
 template <typename T = __half>
 __device__ inline uint32_t pack_float2(float lo, float hi) {
