@@ -178,8 +178,11 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
   int split = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
   // The merge pass (a programmatic dependent launch) may start now or after the tile loop.
   if (a.merge_at_start) asm volatile("griddepcontrol.launch_dependents;");
-  const bool append_cta = int(blockIdx.x) >= a.append_cta0;
-  if (a.append_cta0 != kNoAppendCtas) {
+  // Append CTAs exist only where the split pass encodes (split_pass_encodes): the other kernels
+  // leave out their grid decoding and early exit, which held the first global read's latency ahead
+  // of the prologue's other reads.
+  const bool append_cta = ENCODES && int(blockIdx.x) >= a.append_cta0;
+  if (ENCODES && a.append_cta0 != kNoAppendCtas) {
     const int heads = a.cache.num_kv_heads;
     const int i = append_cta ? blockIdx.x - a.append_cta0 : blockIdx.x / a.num_splits;
     split = append_cta ? 0 : blockIdx.x % a.num_splits;
