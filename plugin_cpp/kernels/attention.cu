@@ -179,8 +179,8 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
   // The merge pass (a programmatic dependent launch) may start now or after the tile loop.
   if (a.merge_at_start) asm volatile("griddepcontrol.launch_dependents;");
   // Append CTAs exist only where the split pass encodes (split_pass_encodes): the other kernels
-  // leave out their grid decoding and early exit, which held the first global read's latency ahead
-  // of the prologue's other reads.
+  // leave their grid decoding and early exit out (calls 1.3-2.2% faster; docs/BENCHMARKS.md,
+  // session 43).
   const bool append_cta = ENCODES && int(blockIdx.x) >= a.append_cta0;
   if (ENCODES && a.append_cta0 != kNoAppendCtas) {
     const int heads = a.cache.num_kv_heads;
