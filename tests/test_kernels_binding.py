@@ -71,7 +71,11 @@ def test_library_levels_are_the_references_to_the_bit(width, head_dim, gen):
     groups = codec.spec.groups
     analytic = [lloyd_max(g.dim, g.bits) for g in groups]
     steps = [torch.rand(2**g.bits, generator=gen, dtype=torch.float64) + 0.5 for g in groups]
-    random = [(s.cumsum(0) / s.sum() - 0.3).numpy() * 0.4 for s in steps]
+    # off-centre: about 30% of the levels negative, an even number of them from 4 bits on (the
+    # library's 4- and 5-bit look-ups pair neighbouring levels of one sign)
+    ups = [(s.cumsum(0) / s.sum()).numpy() for s in steps]
+    cuts = [round(0.3 * len(u)) if len(u) < 16 else 2 * round(0.15 * len(u)) for u in ups]
+    random = [(u - (u[k - 1] + u[k]) / 2) * 0.4 for u, k in zip(ups, cuts)]
     for books in (analytic, random):
         codec.codebooks = [torch.tensor(b) for b in books]  # unrounded: the library rounds them
         struct = DeviceCodec(codec, 1, "cpu").struct
@@ -93,6 +97,22 @@ def test_library_refuses_a_codebook_whose_levels_share_a_grid_step():
     lib = kernels.ops.library()
     assert lib.tq_page_bytes(ctypes.byref(DeviceCodec(codec, 1, "cpu").struct), 64) == -1
     assert "same step of its 8-bit grid" in lib.tq_last_error().decode()
+
+
+@needs_library
+@pytest.mark.parametrize("bits", [4, 5])
+def test_library_refuses_a_wide_codebook_with_an_odd_number_of_negative_levels(bits):
+    """The attention kernels look up 4- and 5-bit levels in neighbouring pairs of one sign
+    (tile_decode.cuh): a codebook that cannot pair so is refused with the reason, not misread."""
+    n = 2**bits
+    codec = VectorCodec(CodecSpec(64, bits))
+    lib = kernels.ops.library()
+    for negative in (3 * n // 8, 3 * n // 8 + 1):  # 6 or 12 levels below zero, then 7 or 13
+        codec.codebooks = [torch.tensor((np.arange(n) - negative + 0.5) / n, dtype=torch.float64)]
+        assert int((on_grid(codec.codebooks[0].numpy()) < 0).sum()) == negative
+        page = lib.tq_page_bytes(ctypes.byref(DeviceCodec(codec, 1, "cpu").struct), 64)
+        assert (page > 0) == (negative % 2 == 0), lib.tq_last_error()
+    assert "even number of negative levels" in lib.tq_last_error().decode()
 
 
 @needs_library

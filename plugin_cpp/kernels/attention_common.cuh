@@ -290,9 +290,10 @@ __device__ inline void rotate_query_row(const AttnArgs& a, const LaneRotation<D>
 // The K and V codebooks as byte-permute tables (tile_decode.cuh), two per codebook kv * 2 + group
 // (code_tables); written by the CTA's first 64 threads, one word each. grid: the values' tables hold
 // the low bytes of the grid values kGridBias + i_k (layout.h; for look-ups with kFixedHi), the keys'
-// the signed grid indices i_k in their low plane (decode_bytes, for the 8-bit mma); else the grid
-// indices i_k in fp16, which holds them exactly: the reader multiplies by grid_step in fp32 (the
-// levels themselves in fp16 rounded 5-bit keys by enough to leave 2.17e-3 in a prefill test).
+// the signed grid indices i_k in their low plane (decode_bytes, for the 8-bit mma), 4- and 5-bit
+// low planes in the paired form (tile_decode.cuh: bit 7 is a level's sign either way); else the
+// grid indices i_k in fp16, which holds them exactly: the reader multiplies by grid_step in fp32
+// (the levels themselves in fp16 rounded 5-bit keys by enough to leave 2.17e-3 in a prefill test).
 constexpr int kByteTablesBytes = 2 * 2 * TQ_MAX_GROUPS * int(sizeof(ByteTables));
 __device__ inline void fill_byte_tables(ByteTables* tables, const CacheView& cache, bool grid) {
   if (threadIdx.x >= 2 * 2 * TQ_MAX_GROUPS * 8) return;
@@ -300,7 +301,9 @@ __device__ inline void fill_byte_tables(ByteTables* tables, const CacheView& cac
   const int w = threadIdx.x % 8;  // lo[0..3], then hi[0..3]
   const CodecLayout& cl = cache.codec[kv];
   const uint32_t to_signed = kv == 0 ? 0x80808080u : 0u;  // i_k + 128 -> i_k, byte by byte
-  uint32_t word = grid ? (w < 4 ? cl.grid_low[g][4 * half + w] ^ to_signed : kGridHiBytes) : 0u;
+  // (entries 0..7 of a paired plane are XORs of two bytes: no offset in them to take away)
+  const uint32_t flip = w < 2 && cl.group[g].bits >= 4 ? 0u : to_signed;
+  uint32_t word = grid ? (w < 4 ? cl.grid_lookup[g][4 * half + w] ^ flip : kGridHiBytes) : 0u;
   for (int k = 16 * half + 4 * (w % 4); !grid && k < 16 * half + 4 * (w % 4) + 4; ++k) {
     const bool used = g < cl.num_groups && k < (1 << cl.group[g].bits);
     const int index = used ? int((cl.grid_low[g][k / 4] >> (8 * (k % 4))) & 0xffu) - 128 : 0;

@@ -1,6 +1,8 @@
 // layout.cpp: validation of tq_codec and the page offsets of FORMAT.md section 5.
 #include "layout.h"
 
+#include "tile_decode.cuh"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -61,6 +63,18 @@ tq_status make_layout(const tq_codec* codec, int tokens, const char* what, Codec
       if (k > 0)
         l.boundary[g][k - 1] =
             static_cast<float>((double(l.codebook[g][k - 1]) + double(l.codebook[g][k])) / 2.0);
+    }
+    // The split pass looks up 4- and 5-bit levels in pairs of neighbours 2j, 2j + 1 of one sign
+    // (tile_decode.cuh, paired_word): every codebook with an even number of negative levels.
+    int negative = 0;
+    for (int k = 0; k < levels; ++k) negative += l.codebook[g][k] < 0.0f;
+    if (b >= 4 && negative % 2)
+      return fail(TQ_ERR_INVALID_ARGUMENT, "%s group %d: a %d-bit codebook needs an even number of "
+                  "negative levels on its 8-bit grid, this one has %d (FORMAT.md section 1); move "
+                  "one level across zero", what, g, b, negative);
+    for (int w = 0; w < (levels + 3) / 4; ++w) {
+      const uint32_t(&plane)[4] = *reinterpret_cast<const uint32_t(*)[4]>(&l.grid_low[g][w / 4 * 4]);
+      l.grid_lookup[g][w] = b >= 4 ? paired_word(plane, w % 4) : l.grid_low[g][w];
     }
   }
   static_cast<PageShape&>(l) =

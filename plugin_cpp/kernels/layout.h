@@ -78,6 +78,8 @@ struct CodecLayout : PageShape {
   float codebook[TQ_MAX_GROUPS][1 << TQ_MAX_BITS];
   float grid_step[TQ_MAX_GROUPS];
   uint32_t grid_low[TQ_MAX_GROUPS][(1 << TQ_MAX_BITS) / 4];  // the bytes i_k + 128, four per word
+  // grid_low as the split pass looks it up: 4- and 5-bit groups' in the paired form (tile_decode.cuh)
+  uint32_t grid_lookup[TQ_MAX_GROUPS][(1 << TQ_MAX_BITS) / 4];
   float boundary[TQ_MAX_GROUPS][(1 << TQ_MAX_BITS) - 1];  // decision boundaries (c_k + c_{k+1}) / 2, computed in double
   uint32_t seed;
   const int32_t* perm;  // device [H][D] or null

@@ -8,7 +8,8 @@
 // layout.h), one per four for 8-bit levels, plus, per 16 codes, a few masks and shifts (the
 // format's high-plane order makes the 3-bit selectors with masks, FORMAT.md section 3). 4- and
 // 5-bit codes take about two and three times those permutes, and a few selections: they serve the
-// few layers the allocator makes wide.
+// few layers the allocator makes wide; with grid tables their 16-entry look-ups are paired (two
+// permutes and an XOR per four codes, paired_word).
 #pragma once
 
 #include <cuda_fp16.h>
@@ -88,9 +89,10 @@ __host__ __device__ inline const CodeTables<BITS>& code_tables(const ByteTables*
   return *reinterpret_cast<const CodeTables<BITS>*>(tables + 2 * i);
 }
 
-// Selector nibbles must be < 8 (bit 3 would select sign fill) and only the low 16 bits of `s`
-// count. On the device this is a bare PRMT: __byte_perm would first mask the selector with 0x7777,
-// one more instruction per look-up that every selector here (codes < 8) makes redundant.
+// Byte k of the result is byte (nibble k of s) & 7 of (a, b), or, where the nibble's bit 3 is set,
+// that byte's sign bit repeated (prmt's default mode; only the paired look-up uses it). Only the
+// low 16 bits of `s` count. On the device this is a bare PRMT: __byte_perm would first mask the
+// selector with 0x7777, one more instruction per look-up that the selectors here make redundant.
 __host__ __device__ inline uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t s) {
 #ifdef __CUDA_ARCH__
   uint32_t r;
@@ -99,9 +101,46 @@ __host__ __device__ inline uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t s
 #else
   const uint64_t v = (uint64_t(b) << 32) | a;
   uint32_t r = 0;
-  for (int k = 0; k < 4; ++k) r |= uint32_t((v >> (8 * ((s >> (4 * k)) & 7))) & 0xff) << (8 * k);
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t nib = (s >> (4 * k)) & 0xf, byte = uint32_t(v >> (8 * (nib & 7))) & 0xff;
+    r |= (nib & 8 ? (byte & 0x80 ? 0xffu : 0u) : byte) << (8 * k);
+  }
   return r;
 #endif
+}
+
+// The bits of a where m is set, of b elsewhere: one LOP3.
+__host__ __device__ inline uint32_t bit_select(uint32_t a, uint32_t b, uint32_t m) {
+#ifdef __CUDA_ARCH__
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xe4;" : "=r"(r) : "r"(a), "r"(b), "r"(m));  // (a & m) | (b & ~m)
+  return r;
+#else
+  return (a & m) | (b & ~m);
+#endif
+}
+
+// The paired form of 16-entry look-ups (4- and 5-bit codes, grid tables: bit 7 of a level's byte
+// is its sign). A selector nibble is the code rotated right by one bit (r = rotate_nibbles), so
+// that r and r ^ 8 name codes 2j and 2j + 1 (j = r & 7), neighbours, of one sign wherever the
+// codebook has an even number of negative levels (make_layout checks it). Entry j of the plane
+// holds L(2j) ^ L(2j + 1), entry 8 + j holds L(2j + 1). A permute by r itself gives entry j where
+// bit 3 of r is clear and, where it is set, that entry's sign fill: zero, as the two levels share
+// bit 7; XORed with the permute by r & 7 of entries 8..15, that is L(2j) or L(2j + 1). Two
+// permutes, a mask and an XOR per four codes instead of seven instructions, for a rotation (three
+// per eight codes) in slot_words.
+__host__ __device__ inline uint32_t rotate_nibbles(uint32_t w) { return bit_select(w >> 1, w << 3, 0x77777777u); }
+
+// Word w (entries 4w .. 4w + 3) of the paired form of a 16-entry byte plane (entry k in byte k % 4
+// of plane[k / 4]).
+__host__ __device__ inline uint32_t paired_word(const uint32_t (&plane)[4], int w) {
+  const auto entry = [&](int k) { return (plane[k / 4] >> (8 * (k % 4))) & 0xffu; };
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) {
+    const int e = 4 * w + i, j = e & 7;
+    r |= (e < 8 ? entry(2 * j) ^ entry(2 * j + 1) : entry(2 * j + 1)) << (8 * i);
+  }
+  return r;
 }
 
 // Byte k of the result is 0xff where nibble k of `sel` has bit `bit` set, else 0.
@@ -111,34 +150,37 @@ __host__ __device__ inline uint32_t nibble_bit_mask(uint32_t sel, int bit) {
 }
 
 // The bytes that 4 codes below 16 (the nibbles of `sel`) select from the 16-entry plane p[0..3].
-// Nibble bit 3 would mean "sign fill" to prmt: both halves are looked up and bit 3 picks.
+// Plain: nibble bit 3 would mean "sign fill" to prmt, so both halves are looked up and bit 3
+// picks. kPaired: sel holds rotated codes and p the paired form (rotate_nibbles).
+template <bool kPaired>
 __host__ __device__ inline uint32_t lookup_bytes16(uint32_t sel, const uint32_t* p) {
+  if constexpr (kPaired) return byte_perm(p[0], p[1], sel) ^ byte_perm(p[2], p[3], sel & 0x7777u);
   const uint32_t low3 = sel & 0x7777u, upper = nibble_bit_mask(sel, 3);  // 0xff: code >= 8
   return (byte_perm(p[0], p[1], low3) & ~upper) | (byte_perm(p[2], p[3], low3) & upper);
 }
 
 // The bytes of the 4 codes in the low nibbles of `sel` from one byte plane of a codebook's tables:
 // p0 for codes below 16, p1 for 5-bit codes 16..31 (`top`: their bit 4 at bit 0 of the nibbles).
-template <int BITS>
+template <int BITS, bool kPaired>
 __host__ __device__ inline uint32_t lookup_plane(uint32_t sel, const uint32_t* p0, const uint32_t* p1, uint32_t top) {
   if constexpr (BITS == 5) {
     const uint32_t upper = nibble_bit_mask(top, 0);  // 0xff: code >= 16
-    return (lookup_bytes16(sel, p0) & ~upper) | (lookup_bytes16(sel, p1) & upper);
+    return (lookup_bytes16<kPaired>(sel, p0) & ~upper) | (lookup_bytes16<kPaired>(sel, p1) & upper);
   } else if constexpr (BITS == 4) {
-    return lookup_bytes16(sel, p0);
+    return lookup_bytes16<kPaired>(sel, p0);
   } else {
     return byte_perm(p0[0], p0[1], sel);
   }
 }
 
 // Centroids of the codes in the 4 low nibbles of `sel`, as fp16 pairs (code0, code1), (code2, code3).
-// kFixedHi: grid tables.
+// kFixedHi: grid tables, whose low planes are paired (sel from slot_words<..., true>).
 template <int BITS, bool kFixedHi = false>
 __host__ __device__ inline void lookup4(uint32_t sel, const CodeTables<BITS>& ct, uint32_t& v01,
                                         uint32_t& v23, uint32_t top = 0) {
   const ByteTables &t = ct.part[0], &u = ct.part[BITS == 5 ? 1 : 0];
-  const uint32_t lo = lookup_plane<BITS>(sel, t.lo, u.lo, top);
-  const uint32_t hi = kFixedHi ? kGridHiBytes : lookup_plane<BITS>(sel, t.hi, u.hi, top);
+  const uint32_t lo = lookup_plane<BITS, kFixedHi>(sel, t.lo, u.lo, top);
+  const uint32_t hi = kFixedHi ? kGridHiBytes : lookup_plane<BITS, false>(sel, t.hi, u.hi, top);
   v01 = byte_perm(lo, hi, 0x5140u);
   v23 = byte_perm(lo, hi, 0x7362u);
 }
@@ -170,12 +212,13 @@ __host__ __device__ inline uint32_t bits_to_nibbles(uint32_t word, int i) {
 }
 
 // The run's look-up selectors: nibble k of word i is the code in slot 8i + k (each nibble < 16;
-// a run of 4 codes fills the low 16 bits only); of 5-bit codes the low 4 bits (top_words: bit 4).
-template <int BITS, int CNT>
+// a run of 4 codes fills the low 16 bits only); of 5-bit codes the low 4 bits (top_words: bit 4),
+// rotated for paired tables (kPaired).
+template <int BITS, int CNT, bool kPaired = false>
 __host__ __device__ inline void slot_words(const CodeRun<BITS, CNT>& run, uint32_t (&w)[(CNT + 7) / 8]) {
   if constexpr (BITS == 4 || BITS == 5) {
 #pragma unroll
-    for (int i = 0; i < (CNT + 7) / 8; ++i) w[i] = run.lo[i];
+    for (int i = 0; i < (CNT + 7) / 8; ++i) w[i] = kPaired ? rotate_nibbles(run.lo[i]) : run.lo[i];
   } else if constexpr (BITS == 1) {
 #pragma unroll
     for (int i = 0; i < (CNT + 7) / 8; ++i) w[i] = bits_to_nibbles(run.lo[0], i);
@@ -211,10 +254,10 @@ __host__ __device__ inline void top_words(const CodeRun<BITS, CNT>& run, uint32_
 
 // Calls f(q, sel, top) for each quad q of the run's slots (4q .. 4q + 3): their selectors in the
 // low nibbles of sel, of 5-bit codes bit 4 in top's.
-template <int BITS, int CNT, typename F>
+template <bool kPaired, int BITS, int CNT, typename F>
 __host__ __device__ inline void for_each_quad(const CodeRun<BITS, CNT>& run, F&& f) {
   uint32_t w[(CNT + 7) / 8], top[(CNT + 7) / 8];
-  slot_words(run, w);
+  slot_words<BITS, CNT, kPaired>(run, w);
   top_words(run, top);
 #pragma unroll
   for (int q = 0; q < CNT / 4; ++q) f(q, w[q / 2] >> (16 * (q % 2)), top[q / 2] >> (16 * (q % 2)));
@@ -224,31 +267,20 @@ __host__ __device__ inline void for_each_quad(const CodeRun<BITS, CNT>& run, F&&
 template <int BITS, int CNT>
 __host__ __device__ inline void decode_pairs(const CodeRun<BITS, CNT>& run, const CodeTables<BITS>& t,
                                              uint32_t (&out)[CNT / 2]) {
-  for_each_quad(run, [&](int q, uint32_t sel, uint32_t top) {
+  for_each_quad<false>(run, [&](int q, uint32_t sel, uint32_t top) {
     lookup4<BITS>(sel, t, out[2 * q], out[2 * q + 1], top);
   });
 }
 
 // The run's CNT codes as the bytes of the tables' low plane, four per word: out[q] holds slots
 // 4q .. 4q + 3 (byte k: slot 4q + k), as an 8-bit mma fragment holds 4 consecutive k. With tables
-// of signed grid levels (fill_byte_tables) one byte permute per 4 codes, no interleave.
+// of signed grid levels (fill_byte_tables, paired) one byte permute per 4 codes, no interleave.
 template <int BITS, int CNT>
 __host__ __device__ inline void decode_bytes(const CodeRun<BITS, CNT>& run, const CodeTables<BITS>& t,
                                              uint32_t (&out)[CNT / 4]) {
-  for_each_quad(run, [&](int q, uint32_t sel, uint32_t top) {
-    out[q] = lookup_plane<BITS>(sel, t.part[0].lo, t.part[BITS == 5 ? 1 : 0].lo, top);
+  for_each_quad<true>(run, [&](int q, uint32_t sel, uint32_t top) {
+    out[q] = lookup_plane<BITS, true>(sel, t.part[0].lo, t.part[BITS == 5 ? 1 : 0].lo, top);
   });
-}
-
-// The bits of a where m is set, of b elsewhere: one LOP3.
-__host__ __device__ inline uint32_t bit_select(uint32_t a, uint32_t b, uint32_t m) {
-#ifdef __CUDA_ARCH__
-  uint32_t r;
-  asm("lop3.b32 %0, %1, %2, %3, 0xe4;" : "=r"(r) : "r"(a), "r"(b), "r"(m));  // (a & m) | (b & ~m)
-  return r;
-#else
-  return (a & m) | (b & ~m);
-#endif
 }
 
 // Nibbles of slots 8i + 0, 2, 4, 6 (interleave_even) or 8i + 1, 3, 5, 7 (interleave_odd) of two
@@ -275,8 +307,8 @@ __host__ __device__ inline void decode_token_pairs(const CodeRun<BITS, CNT>& a,
                                                    const CodeRun<BITS, CNT>& b, const CodeTables<BITS>& t,
                                                    uint32_t (&out)[CNT]) {
   uint32_t wa[(CNT + 7) / 8], wb[(CNT + 7) / 8], ta[(CNT + 7) / 8], tb[(CNT + 7) / 8];
-  slot_words(a, wa);
-  slot_words(b, wb);
+  slot_words<BITS, CNT, kFixedHi>(a, wa);
+  slot_words<BITS, CNT, kFixedHi>(b, wb);
   top_words(a, ta);
   top_words(b, tb);
 #pragma unroll

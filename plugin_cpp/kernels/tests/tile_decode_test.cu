@@ -1,8 +1,9 @@
 // Host-side check of tile_decode.cuh: decode_pairs and decode_token_pairs (register look-up tables)
 // give, in run_slot_coord order, the centroid of every code that CodeRun::code extracts; with grid
-// tables (fp16 kGridBias + i) also when they look up only the low bytes (kFixedHi); decode_bytes
-// gives each code's low-plane byte (the signed levels of grid key tables). Runs on the CPU
-// (byte_perm has a host form), so CI checks the bit tricks without a GPU.
+// tables (fp16 kGridBias + i) also when they look up only the low bytes (kFixedHi), from low planes
+// in the paired form for 4- and 5-bit codes; decode_bytes gives each code's low-plane byte (the
+// levels of grid key tables). Runs on the CPU (byte_perm has a host form, sign fill included), so
+// CI checks the bit tricks without a GPU.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -36,13 +37,21 @@ int check_run(unsigned seed) {
   for (auto& b : tile) b = uint8_t(rand());
   tq::ByteTables parts[2]{};  // entries 0..15, then 16..31 (code_tables of codebook 0)
   uint16_t centroid[1 << TQ_MAX_BITS];
+  constexpr int n_levels = 1 << BITS;
   for (int k = 0; k < (1 << TQ_MAX_BITS); ++k) {
-    centroid[k] = GRID ? half_bits(tq::kGridBias - 127.0f + float(8 * k + rand() % 4))  // |i| <= 127
+    // grid: ascending i in [-127, 127], the lower half negative (as a symmetric codebook's)
+    const int i = -127 + 254 * k / (n_levels - 1) + (k < n_levels / 2 ? -(rand() % 3) : rand() % 3);
+    centroid[k] = GRID ? half_bits(tq::kGridBias + float(k < n_levels ? (i > 127 ? 127 : i < -127 ? -127 : i) : 0))
                        : half_bits(0.002f * float(k * k) - 0.7f + 0.001f * float(rand() % 100));
     parts[k / 16].lo[k % 16 / 4] |= uint32_t(centroid[k] & 0xff) << (8 * (k % 4));
     parts[k / 16].hi[k % 16 / 4] |= uint32_t(centroid[k] >> 8) << (8 * (k % 4));
   }
   const tq::CodeTables<BITS> t = tq::code_tables<BITS>(parts, 0);
+  // grid tables as fill_byte_tables writes them: 4- and 5-bit low planes paired
+  tq::ByteTables paired[2] = {parts[0], parts[1]};
+  for (int h = 0; BITS >= 4 && h < 2; ++h)
+    for (int w = 0; w < 4; ++w) paired[h].lo[w] = tq::paired_word(parts[h].lo, w);
+  const tq::CodeTables<BITS> tp = tq::code_tables<BITS>(paired, 0);
   int bad = 0;
   for (int row = 0; row < 16; ++row)
     for (int part = 0; part < 8; ++part) {
@@ -51,7 +60,7 @@ int check_run(unsigned seed) {
       uint32_t pairs[CNT / 2];
       tq::decode_pairs(run, t, pairs);
       uint32_t bytes[CNT / 4];
-      tq::decode_bytes(run, t, bytes);
+      if (GRID) tq::decode_bytes(run, tp, bytes);
       for (int k = 0; k < CNT; ++k) {
         const int i = tq::run_slot_coord(BITS, CNT, k);
         const uint16_t got = uint16_t(pairs[k / 2] >> (16 * (k % 2)));
@@ -67,14 +76,14 @@ int check_run(unsigned seed) {
           code |= ((word >> tq::hi_plane_bit(BITS, coord % 32)) & 1) << g.lo_bits;
         }
         if (got != centroid[code] || int(run.code(i)) != code) ++bad;
-        if (((bytes[k / 4] >> (8 * (k % 4))) & 0xff) != (centroid[code] & 0xffu)) ++bad;
+        if (GRID && ((bytes[k / 4] >> (8 * (k % 4))) & 0xff) != (centroid[code] & 0xffu)) ++bad;
         if (tq::run_coord_slot(BITS, CNT, i) != k) ++bad;  // the inverse map
       }
       // decode_token_pairs: this row and the next (cyclically), slot by slot in the two halves
       tq::CodeRun<BITS, CNT> next;
       next.load(tile.data(), g, (row + 1) % 16, part);
       uint32_t two[CNT];
-      tq::decode_token_pairs<GRID>(run, next, t, two);
+      tq::decode_token_pairs<GRID>(run, next, GRID ? tp : t, two);
       for (int k = 0; k < CNT; ++k) {
         const int i = tq::run_slot_coord(BITS, CNT, k);
         if (uint16_t(two[k]) != centroid[run.code(i)] || uint16_t(two[k] >> 16) != centroid[next.code(i)])
