@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 
 #include "errors.h"
 
@@ -66,16 +67,19 @@ tq_status make_layout(const tq_codec* codec, int tokens, const char* what, Codec
     }
     // The split pass looks up 4- and 5-bit levels in pairs of neighbours 2j, 2j + 1 of one sign
     // (tile_decode.cuh, paired_word): every codebook with an even number of negative levels.
-    int negative = 0;
-    for (int k = 0; k < levels; ++k) negative += l.codebook[g][k] < 0.0f;
-    if (b >= 4 && negative % 2)
+    if (b < 4) {
+      std::copy(std::begin(l.grid_low[g]), std::end(l.grid_low[g]), std::begin(l.grid_lookup[g]));
+      continue;
+    }
+    const int negative = int(std::count_if(l.codebook[g], l.codebook[g] + levels, [](float c) { return c < 0.0f; }));
+    if (negative % 2)
       return fail(TQ_ERR_INVALID_ARGUMENT, "%s group %d: a %d-bit codebook needs an even number of "
                   "negative levels on its 8-bit grid, this one has %d (FORMAT.md section 1); move "
                   "one level across zero", what, g, b, negative);
-    for (int w = 0; w < (levels + 3) / 4; ++w) {
-      const uint32_t(&plane)[4] = *reinterpret_cast<const uint32_t(*)[4]>(&l.grid_low[g][w / 4 * 4]);
-      l.grid_lookup[g][w] = b >= 4 ? paired_word(plane, w % 4) : l.grid_low[g][w];
-    }
+    for (int half = 0; half < levels / 16; ++half)
+      for (int w = 0; w < 4; ++w)
+        l.grid_lookup[g][4 * half + w] =
+            paired_word(*reinterpret_cast<const uint32_t(*)[4]>(&l.grid_low[g][4 * half]), w);
   }
   static_cast<PageShape&>(l) =
       page_shape(d, g_count, codec->group_bits[0], codec->group_bits[g_count - 1], tokens);

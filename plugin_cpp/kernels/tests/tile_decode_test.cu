@@ -4,6 +4,7 @@
 // in the paired form for 4- and 5-bit codes; decode_bytes gives each code's low-plane byte (the
 // levels of grid key tables). Runs on the CPU (byte_perm has a host form, sign fill included), so
 // CI checks the bit tricks without a GPU.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -41,7 +42,7 @@ int check_run(unsigned seed) {
   for (int k = 0; k < (1 << TQ_MAX_BITS); ++k) {
     // grid: ascending i in [-127, 127], the lower half negative (as a symmetric codebook's)
     const int i = -127 + 254 * k / (n_levels - 1) + (k < n_levels / 2 ? -(rand() % 3) : rand() % 3);
-    centroid[k] = GRID ? half_bits(tq::kGridBias + float(k < n_levels ? (i > 127 ? 127 : i < -127 ? -127 : i) : 0))
+    centroid[k] = GRID ? half_bits(tq::kGridBias + float(k < n_levels ? std::clamp(i, -127, 127) : 0))
                        : half_bits(0.002f * float(k * k) - 0.7f + 0.001f * float(rand() % 100));
     parts[k / 16].lo[k % 16 / 4] |= uint32_t(centroid[k] & 0xff) << (8 * (k % 4));
     parts[k / 16].hi[k % 16 / 4] |= uint32_t(centroid[k] >> 8) << (8 * (k % 4));
