@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine: compute-sanitizer memcheck over representative GPU tests, then an ncu profile
-# of the decode kernels at batch 1, context 131072, or (ncu-prefill) of the prefill pass at 2,048 new
-# tokens over 32,768 with the calibrated tables' rotary mean (logs under $OUT or ./device_out).
+# of the decode kernels at batch 1, context 131072; or (ncu-long) the split and merge passes at both
+# long shapes of issue 3's targets; or (ncu-prefill) the prefill pass at 2,048 new tokens over
+# 32,768; the last two with the calibrated tables' rotary mean (logs under $OUT or ./device_out).
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 what="${1:-all}"
@@ -16,6 +17,15 @@ if [[ "$what" == ncu || "$what" == all ]]; then
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
     --section MemoryWorkloadAnalysis --section LaunchStats --section SourceCounters --section InstructionStats \
     python3 -m tq_trtllm.cli.bench decode --sizes 1x131072 --iters 1 2>&1 | tee "$OUT/ncu_decode.txt" | grep -v "^==PROF==" | tail -120
+fi
+if [[ "$what" == ncu-long ]]; then
+  for size in 1x131072 32x32768; do
+    timeout 200 ncu --clock-control none -k regex:"attention_split|merge_kernel" --launch-skip 4 --launch-count 2 \
+      --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy --section WarpStateStats \
+      --section SchedulerStats --section MemoryWorkloadAnalysis --section LaunchStats --section InstructionStats \
+      python3 -m tq_trtllm.cli.bench decode --sizes "$size" --iters 1 --rotary-pairs 16 > "$OUT/ncu_$size.txt" 2>&1
+    grep -E "_kernel<|Frequency|Duration|DRAM Throughput|Issue Slots|Warps Per Scheduler|No Eligible|Issued Instructions  " "$OUT/ncu_$size.txt"
+  done
 fi
 if [[ "$what" == ncu-prefill ]]; then
   timeout 300 ncu --clock-control none -k regex:prefill_kernel --launch-skip 1 --launch-count 1 \
