@@ -8,6 +8,7 @@ import click
 
 from ..core.rotary_mean import MAX_ROTARY_PAIRS
 from ..core.spec import parse_kv_bits
+from ..eval.run_record import run_metadata
 from .common import clean_errors
 
 ROTARY = click.option("--rotary-pairs", type=click.IntRange(0, MAX_ROTARY_PAIRS), default=0,
@@ -45,8 +46,9 @@ def _parse_widths(text: str) -> list[tuple[float, float]]:
 
 def _echo_rows(rows, as_json: bool) -> None:
     if as_json:
+        meta = run_metadata()
         for r in rows:
-            click.echo(json.dumps(r.as_dict()))
+            click.echo(json.dumps({**r.as_dict(), **meta}))
         return
     click.echo(f"{'bench':8}{'batch':>6}{'context':>9}{'q_len':>6}{'heads':>7}{'d':>5}{'K/V bits':>9}"
                f"{'rot':>4}{'tq us':>10}{'sdpa us':>10}{'speedup':>9}{'TB/s':>7}{'append us':>11}{'append %':>9}"
@@ -148,9 +150,10 @@ def engine(engine_dir, sizes, iters, l2_flush, as_json):
         rows, step = engine_step(timer, batch, context, fp["heads"], fp["kv_heads"], fp["head_dim"],
                                  layer_widths, rotary_pairs)
         if as_json:
+            meta = run_metadata()
             for n, r in rows:
-                click.echo(json.dumps({**r.as_dict(), "layers": n}))
-            click.echo(json.dumps(step.as_dict()))
+                click.echo(json.dumps({**r.as_dict(), "layers": n, **meta}))
+            click.echo(json.dumps({**step.as_dict(), **meta}))
             continue
         _echo_rows([r for _, r in rows], False)
         click.echo("layers per K/V width pair: " + ", ".join(f"{r.k_bits:g}/{r.v_bits:g} x {n}" for n, r in rows))
