@@ -52,10 +52,12 @@ def _echo_rows(rows, as_json: bool) -> None:
         return
     click.echo(f"{'bench':8}{'batch':>6}{'context':>9}{'q_len':>6}{'heads':>7}{'d':>5}{'K/V bits':>9}"
                f"{'rot':>4}{'tq us':>10}{'sdpa us':>10}{'speedup':>9}{'TB/s':>7}{'append us':>11}{'append %':>9}"
-               f"{'fused us':>10}{'fused +%':>9}")
+               f"{'fused us':>10}{'fused +%':>9}{'fp8 us':>9}{'vs fp8':>8}")
     for r in rows:
         app = f"{r.append_us:11.1f}{r.append_pct:9.2f}" if r.append_us is not None else f"{'-':>11}{'-':>9}"
         app += f"{r.fused_us:10.1f}{r.fused_append_pct:9.2f}" if r.fused_us is not None else f"{'-':>10}{'-':>9}"
+        fp8 = getattr(r, "fp8_us", None)
+        app += f"{fp8:9.1f}{r.speedup_vs_fp8:7.2f}x" if fp8 is not None else f"{'-':>9}{'-':>8}"
         click.echo(f"{r.bench:8}{r.batch:>6}{r.context:>9}{r.q_len:>6}{f'{r.q_heads}/{r.kv_heads}':>7}"
                    f"{r.head_dim:>5}{f'{r.k_bits:g}/{r.v_bits:g}':>9}{r.rotary_pairs:>4}{r.tq_us:10.1f}{r.sdpa_us:10.1f}"
                    f"{r.speedup:8.2f}x{r.tq_read_tbps:7.2f}{app}")

@@ -23,6 +23,7 @@ from ..core.rotary_mean import select_pairs
 from ..core.spec import CodecSpec
 from ..kernels import KernelCache, library, quantize_append, workspace_bytes
 from ..kernels.ops import _dtype_code
+from .fp8_baseline import flashinfer_missing, fp8_bytes_per_token, fp8_decode_us
 
 FLUSH_BYTES = 256 << 20
 ROPE_BASE = 500000.0  # Llama 3's, for the rotary mean's frequencies
@@ -51,6 +52,15 @@ class Row:
     fused_us: float | None = None    # tq_decode_attention_append: the same append fused in
     fused_append_pct: float | None = None  # (fused_us - tq_us) as % of tq_us
     rotary_pairs: int = 0  # the keys' rotary mean (calibrated tables have one), pairs per KV head
+    # FlashInfer's paged decode over an FP8 (e4m3) cache at the same shape (eval/fp8_baseline.py),
+    # the faster of its two paths; None where FlashInfer is absent or q_len > 1
+    fp8_us: float | None = None
+    fp8_path: str | None = None
+    speedup_vs_fp8: float | None = None  # fp8_us / tq_us
+    # KV cache bytes per token (all KV heads, keys and values) of each cache
+    tq_bytes_per_token: float | None = None
+    fp16_bytes_per_token: int | None = None
+    fp8_bytes_per_token: int | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -182,10 +192,16 @@ def case_row(timer: Timer, case: DecodeCase) -> Row:
     append_us = append_time(timer, kc, kv_new, batch, context, q_len)
     fused_us = timer.median_us(case.call("tq_decode_attention_append"))
     sdpa_us = timer.median_us(sdpa_decode_call(batch, context, q_heads, kv_heads, head_dim, q_len))
+    fp8_us = fp8_path = None
+    if q_len == 1 and flashinfer_missing() is None:
+        fp8_us, fp8_path = fp8_decode_us(timer, batch, context, q_heads, kv_heads, head_dim)
     nbytes = packed_bytes_of(batch, context, kv_heads, head_dim, k_bits, v_bits)
     return Row("decode", batch, context, q_len, q_heads, kv_heads, head_dim, k_bits, v_bits,
                tq_us, sdpa_us, sdpa_us / tq_us, nbytes / 1e6, nbytes / tq_us / 1e6, append_us,
-               100.0 * append_us / tq_us, fused_us, 100.0 * (fused_us - tq_us) / tq_us, case.rotary_pairs)
+               100.0 * append_us / tq_us, fused_us, 100.0 * (fused_us - tq_us) / tq_us, case.rotary_pairs,
+               fp8_us, fp8_path, None if fp8_us is None else fp8_us / tq_us,
+               nbytes / (batch * context), 2 * fp8_bytes_per_token(kv_heads, head_dim),
+               fp8_bytes_per_token(kv_heads, head_dim))
 
 
 @dataclass
