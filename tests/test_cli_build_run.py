@@ -121,7 +121,8 @@ def test_ppl_and_needle_commands(engine, calib_file):
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in result.stdout.strip().splitlines()]
     assert [r["method"] for r in rows] == ["tiny-kv3", "fp8"]
-    for key in ("ppl_fp16", "ppl_kv", "delta_pct", "top1_agreement", "delta_ci95_pct"):
+    for key in ("ppl_fp16", "ppl_kv", "delta_pct", "top1_agreement", "delta_ci95_pct", "command", "gpu",
+                "driver", "date", "revision"):
         assert key in rows[0]
     # the per-window changes (nats) are what the delta is the mean of
     deltas = rows[0]["window_delta_nats"]
@@ -130,7 +131,8 @@ def test_ppl_and_needle_commands(engine, calib_file):
     needle = invoke(tq_eval, "needle", "--engine", engine, "--lengths", "64,128", "--json")
     assert needle.exit_code == 0, needle.output
     report = json.loads(needle.stdout)
-    assert set(report) >= {"accuracy", "changes", "equal", "answers"} and report["seeds"] == [0]
+    assert set(report) >= {"accuracy", "changes", "equal", "answers", "command", "revision"}
+    assert report["seeds"] == [0]
     # one row per prompt, every cache's answer in it; the accuracies and the paired changes are
     # counted from those answers
     assert len(report["answers"]) == 2 * len(report["depths"])

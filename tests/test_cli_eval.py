@@ -17,6 +17,8 @@ def test_json_output_has_the_documented_keys():
     row = json.loads(result.output)
     assert {"bits", "dim", "kind", "rotation", "mse", "ip_bias", "ip_var"} <= row.keys()
     assert row["bits"] == 2 and row["dim"] == 64 and row["kind"] == "mse"
+    # where and how it was measured, as docs/results/quality.jsonl rows record it
+    assert {"command", "gpu", "driver", "date", "revision"} <= row.keys()
     assert 0.09 < row["mse"] < 0.14
 
 

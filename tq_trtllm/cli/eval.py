@@ -9,6 +9,7 @@ import click
 from ..core.errors import TQError
 from ..core.quantizer import ROTATIONS
 from ..eval.distortion import KINDS, measure_distortion
+from ..eval.run_record import run_metadata
 from .quality import needle, ppl
 
 
@@ -31,7 +32,7 @@ def distortion(bits, dim, kind, rotation, samples, seed, as_json):
     except TQError as err:
         raise click.ClickException(str(err)) from None
     if as_json:
-        click.echo(json.dumps(result))
+        click.echo(json.dumps({**result, **run_metadata()}))
         return
     click.echo(f"TurboQuant-{kind}, {bits} bits, dim {dim}, {rotation} rotation, "
                f"{samples} samples, seed {seed}")

@@ -11,6 +11,7 @@ from ..core.errors import TQError
 from ..eval.baselines import BASELINES
 from ..eval.corpus import EVALUATION_BOOK, read_corpus
 from ..eval.needle import ALL, DEPTHS
+from ..eval.run_record import run_metadata
 from ..integrations.cache import CHUNK_READS
 from .common import clean_errors, comma_list, device_option, place_model, token_lengths
 
@@ -77,9 +78,10 @@ def ppl(engines, baselines, corpus, max_tokens, window, as_json, device):
     methods = {name: engine_method(table, window, backend) for name, _, table in opened}
     methods.update({name: baseline_method(name, loaded.model, window) for name in baselines})
     results = compare_caches(loaded.model, windows, methods, progress=True)  # bars go to stderr
+    meta = run_metadata()  # each row traceable: docs/results/quality.jsonl
     for name, r in results.items():
         if as_json:
-            click.echo(json.dumps({"method": name, "corpus": source, **r}))
+            click.echo(json.dumps({"method": name, "corpus": source, **r, **meta}))
         else:
             lo, hi = r["delta_ci95_pct"]
             click.echo(f"{name:>24}: ppl {r['ppl_kv']:.4f} vs fp16 {r['ppl_fp16']:.4f}  "
@@ -203,7 +205,7 @@ def needle(engines, lengths, seeds, depths, filler, baselines, graded, rows_file
     if graded:
         out["graded"] = {name: graded_changes(rows, name) for name in names}
     if as_json:
-        click.echo(json.dumps(out))
+        click.echo(json.dumps({**out, **run_metadata()}))
         return
     click.echo(f"{'tokens':>6}  {'fp16':>6}  " + "  ".join(f"{name:>16}" for name in names))
     for n in lengths:
