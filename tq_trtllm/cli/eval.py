@@ -10,7 +10,7 @@ from ..core.errors import TQError
 from ..core.quantizer import ROTATIONS
 from ..eval.distortion import KINDS, measure_distortion
 from ..eval.run_record import run_metadata
-from .quality import needle, ppl
+from .eval_ppl_needle import needle, ppl
 
 
 @click.group(help="Measure TurboQuant's distortion and the quantized cache's quality.")

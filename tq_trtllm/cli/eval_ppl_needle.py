@@ -1,4 +1,5 @@
-"""tq-eval ppl and tq-eval needle: the quantized cache's quality on a real model."""
+"""The tq-eval subcommands that run a model: ppl (perplexity and top-1 agreement) and needle
+(passkey retrieval), each comparing an engine's cache with FP16 on the same inputs."""
 
 from __future__ import annotations
 
