@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from required import REQUIRE_CUDA_BUILD, needs
+
 ROOT = Path(__file__).resolve().parents[1]
 NVCC = shutil.which("nvcc")
 
 
-@pytest.mark.skipif(NVCC is None, reason="nvcc not found: the CUDA toolkit is not installed")
+@needs(None if NVCC else "nvcc not found: the CUDA toolkit is not installed", REQUIRE_CUDA_BUILD)
 @pytest.mark.parametrize("source", ["tile_decode_test.cu", "small_divisor_test.cu"])
 def test_host_check_passes(tmp_path, source):
     exe = tmp_path / source.removesuffix(".cu")

@@ -20,6 +20,7 @@ from tq_trtllm import kernels
 from tq_trtllm.kernels._lib import TqPagedCache
 from tq_trtllm.kernels.ops import DeviceCodec
 
+from required import REQUIRE_CUDA_BUILD, needs
 from gpu.test_attention import FUSED_CASES, WIDE_FUSED_LENGTHS, fused_lengths
 
 
@@ -40,8 +41,8 @@ def test_device_codecs_carry_the_tables_scales(gen):
     assert DeviceCodec(LayerTable(3.0, 3.0, 5).codecs(64)[1], 2, "cpu").struct.scale is None
 
 
-needs_library = pytest.mark.skipif(kernels.find_library() is None,
-                                   reason="libtq_kernels.so is not built")
+needs_library = needs(None if kernels.find_library() else "libtq_kernels.so is not built",
+                      REQUIRE_CUDA_BUILD)
 
 
 @needs_library
