@@ -132,9 +132,9 @@ def test_the_workspace_of_the_largest_call_serves_every_smaller_one():
 
 
 # (batch, context, q heads, KV heads, head_dim, q_len) -> splits per sequence: the split plans
-# that the session-10 sweep on the H200 measured fastest, or within 1.3% of the fastest
-# (docs/BENCHMARKS.md, "Session 10"), on 132 SMs; from 1 x 16,384 tokens at q_len 1 the plans of
-# 8-warp CTAs, which session 20 measured 1.5-5% faster than those (1 x 32,768: 16 splits
+# that a sweep of split lengths on the H200 measured fastest, or within 1.3% of the fastest
+# (docs/BENCHMARKS.md#the-split-length-a-cost-model), on 132 SMs; from 1 x 16,384 tokens at
+# q_len 1 the plans of 8-warp CTAs, measured 1.5-5% faster than those (1 x 32,768: 16 splits
 # instead of 32; 1 x 131,072: 32 instead of 49; 8, 16 and 32 x 32,768: 4, 2, 1 instead of 8, 4, 2).
 MEASURED_SPLITS = {
     (1, 1024, 32, 8, 128, 1): 8, (1, 2048, 32, 8, 128, 1): 16, (1, 4096, 32, 8, 128, 1): 16,

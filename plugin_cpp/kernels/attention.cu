@@ -49,7 +49,7 @@ constexpr int ctas_per_sm(int nr, int w) { return (nr == 1 ? 16 : 12) / w; }
 // Warps per query row in the merge pass. 8 at head_dim 64: SmolLM2's 1 x 8,192 call (32 splits over
 // 9 rows) 1-5% faster alone and 6-7% in a CUDA graph than with 4 (1 x 2,048: 0-2% slower); at
 // head_dim 128, 8 were up to 3% slower alone and 6% in graphs; 2 were slower at both
-// (docs/BENCHMARKS.md, session 26).
+// (docs/BENCHMARKS.md#why-a-split-pass-and-a-merge-pass).
 template <int D>
 constexpr int kMergeWarps = D == 64 ? 8 : 4;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -111,7 +111,7 @@ __device__ inline PageShape tile_shape(const PageShape& runtime) {
 // sequence b, KV head kvh whose positions lie in [first, last), L the sequence's length; one warp
 // per vector, of the CTA's W. It rounds y itself (step 4.4 without the scale search, a valid
 // encoding for every reader): with the search's code in them, the split kernels ran calls without
-// an append up to 31% slower (docs/BENCHMARKS.md, sessions 34-35).
+// an append up to 31% slower (docs/BENCHMARKS.md#the-fused-append).
 template <int D, int W, typename T>
 __device__ inline void encode_new_rows(const AttnArgs& a, int b, int kvh, int L, int first, int last) {
   for (int item = threadIdx.x / 32; item < 2 * a.q_len; item += W) {
@@ -161,7 +161,7 @@ __device__ inline void store_query_bytes(uint8_t* row, const float (&x)[D / 32],
 // most MAXB bits. NR: query-row n tiles (8 rows each) of the transposed products; W: warps.
 // ENCODES: the kernel of calls whose split pass writes the fused append's rows
 // (split_pass_encodes); the others run one without that code, which made calls without an append
-// up to 11% slower (docs/BENCHMARKS.md, session 37).
+// up to 11% slower (docs/BENCHMARKS.md#the-fused-append).
 template <int D, int KG, int VG, int KB, int VB, int MAXB, int NR, int W, typename T, bool ENCODES>
 __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_kernel(AttnArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
@@ -179,8 +179,8 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
   // The merge pass (a programmatic dependent launch) may start now or after the tile loop.
   if (a.merge_at_start) asm volatile("griddepcontrol.launch_dependents;");
   // Append CTAs exist only where the split pass encodes (split_pass_encodes): the other kernels
-  // leave their grid decoding and early exit out (calls 1.3-2.2% faster; docs/BENCHMARKS.md,
-  // session 43).
+  // leave their grid decoding and early exit out (calls 1.3-2.2% faster;
+  // docs/BENCHMARKS.md#the-fused-append).
   const bool append_cta = ENCODES && int(blockIdx.x) >= a.append_cta0;
   if (ENCODES && a.append_cta0 != kNoAppendCtas) {
     const int heads = a.cache.num_kv_heads;
@@ -383,7 +383,7 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
   // rescale (one FFMA instead of the FMUL) or after the loop. Left in over a whole split, the bias
   // made the accumulators hundreds of times larger than what they hold, and the tensor cores'
   // fp32 sums, which truncate, lost up to 2.3e-3 of the output at 1,024 tokens per warp
-  // (docs/BENCHMARKS.md, session 38).
+  // (docs/BENCHMARKS.md#correctness-and-memory-checking).
   float p_tile[VG][NR][4] = {};
   const uint32_t ones[4] = {0x3c003c00u, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u};
   float m_run[NR][2], l_run[NR][2];
@@ -556,7 +556,7 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
     // The rescale on every tile, with no vote and branch around it: its multiplies go to the FMA
     // pipe (the loop is bound by integer issue), and the value decode below, which needs no
     // softmax, is scheduled across the maxima and the rescale. Skipping it where no row's maximum
-    // moved was 2-3% slower (docs/BENCHMARKS.md, session 25).
+    // moved was 2-3% slower (docs/BENCHMARKS.md#why-a-split-pass-and-a-merge-pass).
 #pragma unroll
     for (int nr = 0; nr < NR; ++nr)
 #pragma unroll
@@ -716,7 +716,8 @@ struct ChunkTerm {
 // tokens, from the new rows. Every key and value a lane needs is read first, in one round of
 // independent loads (the call's tokens up to j exist whether or not they have a position, so no
 // read waits for the sequence length): a loop that read row by row behind each score's shuffles
-// made a 4-token call 15% slower (docs/BENCHMARKS.md, session 41). qm: q . key mean.
+// made a 4-token call 15% slower (docs/BENCHMARKS.md#the-calls-own-tokens-read-exactly).
+// qm: q . key mean.
 template <int D, int N, typename T>
 __device__ inline ChunkTerm<D / 32> merged_chunk_term(const AttnArgs& a, int b, int kvh, int j, const T* qv,
                                                       float qm, const LaneRotation<D>& vr) {
@@ -954,20 +955,20 @@ int64_t max_split_ctas(int64_t ctas, int resident) {
   return std::max<int64_t>(ctas, int64_t(kMaxWaves) * sm_count() * resident);
 }
 
-// The split pass's cost model (docs/BENCHMARKS.md, session 10), in units of one warp's 32-token
-// tile, fitted to H200 timings of 3-bit d 128 decode (1 x 1,024 to 32 x 32,768 tokens, q_len 1
-// and 4, splits of 128 to 8,192 tokens, CTAs of 4 warps): with t tiles per warp, the busiest SM's
-// w CTAs of W warps cost w (kPrologueTiles + W t (1 + kFewCtas / r)), r of them resident at once
-// (each CTA's prologue, the query rotation and the tables, costs as much as 9 tiles; fewer
-// resident warps hide less latency), and no less than one CTA's latency alone, kLonePrologue +
-// kLoneTile t.
+// The split pass's cost model (docs/BENCHMARKS.md#the-split-length-a-cost-model), in units of one
+// warp's 32-token tile, fitted to H200 timings of 3-bit d 128 decode (1 x 1,024 to 32 x 32,768
+// tokens, q_len 1 and 4, splits of 128 to 8,192 tokens, CTAs of 4 warps): with t tiles per warp,
+// the busiest SM's w CTAs of W warps cost w (kPrologueTiles + W t (1 + kFewCtas / r)), r of them
+// resident at once (each CTA's prologue, the query rotation and the tables, costs as much as 9
+// tiles; fewer resident warps hide less latency), and no less than one CTA's latency alone,
+// kLonePrologue + kLoneTile t.
 constexpr double kPrologueTiles = 9.0, kFewCtas = 0.2, kLonePrologue = 4.5, kLoneTile = 5.5;
 // Where the 4-warp plan's splits are at least kWideMinTiles tiles per warp long, the call runs on
 // kWideWarps CTAs instead if they fit one wave and the model rates them at most kWideMaxCost
 // times the 4-warp plan: on the H200 they were 1.5-5% faster from 1 x 16,384 to 32 x 32,768
 // tokens (the model, fitted to 4-warp CTAs, rated them up to 4% dearer there), even at 1 x 8,192
 // (4 tiles), 2-4% slower at 1 x 4,096 (2 tiles), and 8% slower over 1.45 waves (SmolLM2 16 x
-// 8,192; docs/BENCHMARKS.md, session 20).
+// 8,192; docs/BENCHMARKS.md#the-split-length-a-cost-model).
 constexpr int kWideMinTiles = 8;
 constexpr double kWideMaxCost = 1.05;
 
@@ -1253,20 +1254,20 @@ tq_status attention(const char* name, int max_q_len, const tq_paged_cache* cache
   a.q_scale = softmax_scale * kLog2e;
   // The merge pass starts with the split pass at head_dim 64 and in CUDA graphs, else after the
   // tile loop: starting it at once made SmolLM2's calls 1-7% faster alone and 7-15% in graphs,
-  // Llama-3-8B's 5-7% faster in graphs but up to 11% slower alone at batch 1 (docs/BENCHMARKS.md,
-  // sessions 18 and 19).
+  // Llama-3-8B's 5-7% faster in graphs but up to 11% slower alone at batch 1
+  // (docs/BENCHMARKS.md#why-a-split-pass-and-a-merge-pass).
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(reinterpret_cast<cudaStream_t>(stream), &capture) != cudaSuccess)
     cudaGetLastError();  // (the legacy stream beside a global capture): taken as not capturing
   a.merge_at_start = d == 64 || capture == cudaStreamCaptureStatusActive;
   // A one-token step's append: in CTAs of the split pass, after the splits' (one per sequence and
-  // KV head), where the splits and they take at most 3 of an SM's 4 CTA slots of 4 warps (at
-  // 1 x 131,072, 3 split CTAs per SM, they made the call 24% slower; session 16), or all fit one
-  // wave beside kWideWarps splits. Else in CTAs of the merge pass: beside batched splits they cost
-  // 3-4% less than encoding in the splits (session 20). (Taken where the split pass's fit too,
-  // they ended short calls alone 1-1.6 us later where the merge pass starts late, and made fused
-  // calls in graphs 1.7-3.4% slower at 1 x 16,384 and 1 x 131,072, SmolLM2's alone 4% at 1 x
-  // 8,192, where it starts early.)
+  // KV head), where the splits and they take at most 3 of an SM's 4 CTA slots of 4 warps (at 1 x
+  // 131,072, 3 split CTAs per SM, they made the call 24% slower), or all fit one wave beside
+  // kWideWarps splits. Else in CTAs of the merge pass: beside batched splits they cost 3-4% less
+  // than encoding in the splits (docs/BENCHMARKS.md#the-fused-append). (Taken where the split
+  // pass's fit too, they ended short calls alone 1-1.6 us later where the merge pass starts late,
+  // and made fused calls in graphs 1.7-3.4% slower at 1 x 16,384 and 1 x 131,072, SmolLM2's alone
+  // 4% at 1 x 8,192, where it starts early.)
   const int64_t split_ctas = int64_t(sp.num_splits) * heads * batch * sp.cta_tiles;
   const int resident = ctas_per_sm(row_ntiles(a.rows), sp.warps);
   const int64_t free_slots = int64_t(sm_count()) * (sp.warps == kWideWarps ? resident : resident - 1) - split_ctas;

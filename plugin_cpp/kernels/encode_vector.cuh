@@ -46,7 +46,7 @@ struct SearchScratch {
 // term's change at the first candidate past it (shared atomics into 32 bins); a prefix sum over the
 // bins, lane k holding bin k, then gives every candidate's sums, and a warp arg-max the best: a bulk
 // append 2.7x (3 bits) to 4x (5 bits) faster than scoring every candidate on every coordinate
-// (docs/BENCHMARKS.md, session 36).
+// (docs/BENCHMARKS.md#the-fused-append).
 template <int E>
 __device__ inline float search_alpha(const CodecLayout& l, int g, const float (&y)[E], int lanes,
                                      SearchScratch& s) {

@@ -12,11 +12,11 @@
 // bound in a test with 5-bit keys; gains folded into them, 2.3e-3). Tiles are staged (cp.async)
 // one step ahead: warp w copies and then decodes 16-token tile w of the keys or of the values.
 //
-// Measured on the H200 (docs/BENCHMARKS.md, session 15): two warpgroups of two m64 tiles each (8
-// warps, ~240 registers) were 1.16x slower than four of one (16 warps within 128 registers: twice
-// the warps to hide the products' and the softmax's latencies); with mma.sync instead of wgmma,
-// 1.30x slower. Before wgmma, 128-row CTAs were 1.2x slower, 64-row CTAs (2 or 3 per SM) 1.4-1.7x
-// slower, 64-token steps 1.05x slower.
+// Measured on the H200 (docs/BENCHMARKS.md#the-prefill-pass): two warpgroups of two m64 tiles each
+// (8 warps, ~240 registers) were 1.16x slower than four of one (16 warps within 128 registers:
+// twice the warps to hide the products' and the softmax's latencies); with mma.sync instead of
+// wgmma, 1.30x slower. Before wgmma, 128-row CTAs were 1.2x slower, 64-row CTAs (2 or 3 per SM)
+// 1.4-1.7x slower, 64-token steps 1.05x slower.
 //
 // Shared-memory matrices (query rows, decoded K and V, the rotary mean's tables) are stored as
 // wgmma's 8 x 8 core matrices (blocked<COLS>). Decoded coordinates are stored in run order: a run

@@ -370,7 +370,8 @@ def test_eight_warp_ctas_match_the_reference(case, n, gen):
 # 512). The value accumulators once held the look-up grid's bias (kGridBias) over a whole split,
 # and the tensor cores' truncating fp32 sums lost 2.0-2.3e-3 of the output at 8 x 32,768, 1.0e-3 at
 # 1 x 131,072 (growing with the tokens per warp); with the bias taken out every tile the worst error
-# was 3.7e-5 (docs/BENCHMARKS.md, session 38). This bound lies well between the two.
+# was 3.7e-5 (docs/BENCHMARKS.md#correctness-and-memory-checking). This bound lies well between
+# the two.
 LONG_SPLIT_TOL = 3e-4
 
 

@@ -7,9 +7,9 @@ Every token's key and value is quantized into the pages as it arrives, except th
 step's own rows are at hand) and to every older one through the pages. With chunk_reads "exact"
 (the default) the rows of a step of several tokens (a prompt's prefill, a chunk) also read every
 earlier position of their own step, and the kept window, exactly, as a context phase over fresh K
-and V does: docs/QUALITY.md, session 39, found that reading a prompt's own tokens through the
-pages caused about 80% of the 3-bit passkey loss. "cache" keeps the per-token rule for every row,
-so that a prefill reads what decode steps would (tq-eval ppl's protocol).
+and V does: reading a prompt's own tokens through the pages caused about 80% of the 3-bit
+passkey loss (docs/QUALITY.md#why-the-prompt-is-read-exactly). "cache" keeps the per-token rule
+for every row, so that a prefill reads what decode steps would (tq-eval ppl's protocol).
 
 Backends: "kernels" keeps the pages on the GPU and appends and reads them with the CUDA library;
 "reference" uses the Python reference (any device); "auto" takes the kernels where they can run

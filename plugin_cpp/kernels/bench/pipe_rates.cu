@@ -1,8 +1,8 @@
 // tq_pipe_rates: issue rates of the instructions a code look-up could be built from, on the GPU it
-// runs on (docs/BENCHMARKS.md, "What limits the decode kernel"). The decode loop is bound by the
+// runs on (docs/BENCHMARKS.md#why-look-ups-on-the-integer-pipe). The decode loop is bound by the
 // integer pipe's byte permutes; this measures whether an fp8 route would move that work elsewhere
 // (the e4m3 -> fp16x2 conversion, alone and mixed with permutes, and mma.sync with e4m3 operands
-// against f16 ones), and whether shifts could leave that pipe as IMAD.HI (session 27). Alternating
+// against f16 ones), and whether shifts could leave that pipe as IMAD.HI. Alternating
 // two instructions tells whether they share a pipe. Every thread runs kChains independent dependency
 // chains, so the figures are throughput, not latency. Run: build/plugin_cpp/kernels/tq_pipe_rates
 #include <cuda_runtime.h>
