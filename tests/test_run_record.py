@@ -1,6 +1,7 @@
 """run_metadata: the command, GPU, driver, date and revision each JSON row of tq-bench / tq-eval carries."""
 
 import json
+import re
 import subprocess
 import sys
 import types
@@ -84,3 +85,28 @@ def test_bench_json_rows_carry_the_metadata(monkeypatch, capsys):
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["tq_us"] for r in rows] == [12.5, 40.0]
     assert all(set(r) >= KEYS and r["command"] == "tq-bench decode --json" for r in rows)
+
+
+RESULTS = REPO / "docs" / "results" / "benchmarks.jsonl"
+DAY = r"20\d\d-\d\d-\d\d"
+
+
+def test_benchmark_records_carry_their_run():
+    # Every row names where and how it was measured; hand-transcribed rows say so.
+    rows = [json.loads(line) for line in RESULTS.read_text().splitlines() if line.strip()]
+    assert rows
+    for r in rows:
+        assert {"command", "gpu", "driver", "date", "revision"} <= set(r), r
+        assert re.match(DAY, r["date"]), r["date"]
+        assert "figures" in r or "tq_us" in r, r
+        assert "source" not in r or r["source"].startswith("transcribed from docs/BENCHMARKS.md"), r
+
+
+def test_every_revision_and_date_the_benchmarks_doc_cites_has_a_row():
+    rows = [json.loads(line) for line in RESULTS.read_text().splitlines() if line.strip()]
+    have = {(r["revision"][:7], r["date"][:10]) for r in rows}
+    doc = (REPO / "docs" / "BENCHMARKS.md").read_text()
+    cited = set(re.findall(r"`([0-9a-f]{7})`[^`]{0,14}?(" + DAY + ")", doc.replace("\n", " ")))
+    cited |= {(rev, day) for day, rev in re.findall(r"\| (" + DAY + r") \| `([0-9a-f]{7})`", doc)}
+    assert cited, "the doc cites no run"
+    assert cited <= have, f"cited without a row in {RESULTS.name}: {sorted(cited - have)}"
