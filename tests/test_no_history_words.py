@@ -1,5 +1,6 @@
 """Help texts, docs and code comments describe the product as it is: they state a rule or cite a
-doc heading or a revision, never a development session. History belongs in CHANGELOG.md alone."""
+doc heading or a revision, never a numbered round of its development (WORD below, then a number).
+History belongs in CHANGELOG.md alone."""
 
 from __future__ import annotations
 
@@ -13,16 +14,18 @@ import click
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# "session 12", "Sessions 30-32", and a number wrapped onto the next line behind a comment leader
-HISTORY = re.compile(r"\bsessions?(?:[ \t]+|[ \t]*\n[ \t]*(?:(?://|#|\*|--)[ \t]*)?)[0-9]+",
+# The word spelled in two pieces, so that a grep of the repository for it finds only its own uses.
+WORD = "sess" + "ion"
+# WORD 12, WORDs 30-32, and a number wrapped onto the next line behind a comment leader
+HISTORY = re.compile(r"\b" + WORD + r"s?(?:[ \t]+|[ \t]*\n[ \t]*(?:(?://|#|\*|--)[ \t]*)?)[0-9]+",
                      re.IGNORECASE)
-EXEMPT = {"CHANGELOG.md", Path(__file__).name}  # this file spells the pattern out
+EXEMPT = {"CHANGELOG.md"}
 CODE_SUFFIXES = {".py", ".pyi", ".cu", ".cuh", ".h", ".hpp", ".c", ".cc", ".cpp", ".sh", ".cmake",
                  ".toml", ".yml", ".yaml", ".md", ".txt", ".in"}
 
 
 def history_mentions(text: str) -> list[tuple[int, str]]:
-    """(line number, matched words) of every mention of a numbered session in text."""
+    """(line number, matched words) of every numbered WORD in text."""
     return [(text.count("\n", 0, m.start()) + 1, " ".join(m.group().split()))
             for m in HISTORY.finditer(text)]
 
@@ -58,21 +61,23 @@ def help_texts(command: click.Command, path: str, parent: click.Context | None =
             yield from help_texts(command.get_command(ctx, name), f"{path} {name}", ctx)
 
 
-def test_the_pattern_finds_sessions_and_nothing_else():
-    assert [w for _, w in history_mentions("measured in Session 12 and sessions 30-32")] == \
-        ["Session 12", "sessions 30"]
-    assert history_mentions("// (docs/BENCHMARKS.md, session\n// 43)") == [(1, "session // 43")]
-    assert history_mentions("a session of the server; sessions of 4 users; TQ_SESSION=3") == []
+def test_the_pattern_finds_numbered_rounds_and_nothing_else():
+    cap = WORD.capitalize()
+    assert [w for _, w in history_mentions(f"measured in {cap} 12 and {WORD}s 30-32")] == \
+        [f"{cap} 12", f"{WORD}s 30"]
+    assert history_mentions(f"// (docs/BENCHMARKS.md, {WORD}\n// 43)") == [(1, f"{WORD} // 43")]
+    assert history_mentions(f"a {WORD} of the server; {WORD}s of 4 users") == []
+    assert history_mentions(f"TQ_{WORD.upper()}=3; pos{WORD} 2") == []
 
 
-def test_no_help_text_mentions_a_session():
+def test_no_help_text_cites_a_numbered_round():
     found = [f"{line}: {words}" for name, command in console_commands().items()
              for line, text in help_texts(command, name) for _, words in history_mentions(text)]
-    assert not found, ("--help texts that cite sessions (cite a doc heading instead):\n"
+    assert not found, (f"--help texts that cite a numbered {WORD} (cite a doc heading instead):\n"
                        + "\n".join(found))
 
 
-def test_no_doc_or_code_comment_mentions_a_session():
+def test_no_doc_or_code_comment_cites_a_numbered_round():
     found = []
     for path in tracked_files():
         try:
@@ -81,5 +86,5 @@ def test_no_doc_or_code_comment_mentions_a_session():
             continue
         found += [f"{path.relative_to(ROOT)}:{line}: {words}"
                   for line, words in history_mentions(text)]
-    assert not found, ("docs and comments that cite development sessions (state the rule or cite a "
-                       "doc heading; history goes in CHANGELOG.md):\n" + "\n".join(found))
+    assert not found, (f"docs and comments that cite a numbered development {WORD} (state the rule "
+                       "or cite a doc heading; history goes in CHANGELOG.md):\n" + "\n".join(found))
