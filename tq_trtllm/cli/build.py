@@ -14,6 +14,7 @@ from ..core.rotary_mean import MAX_ROTARY_PAIRS
 from ..core.spec import SUPPORTED_WIDTHS, parse_kv_bits
 from ..eval.corpus import CALIBRATION_BOOK, read_corpus
 from ..models.registry import FAMILIES, get_family
+from ..trtllm.cli_options import prepare_trtllm_build, trtllm_build_options
 from .common import clean_errors, token_lengths
 
 BACKENDS = ("auto", "hf", "trtllm")
@@ -92,6 +93,7 @@ def _scale_lengths(text: str) -> tuple[int, ...] | None:
                    "positions alone (docs/QUALITY.md, session 31).")
 @click.option("--seed", type=click.IntRange(0, 2**31), default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
+@trtllm_build_options
 @clean_errors
 def main(family, kv_bits, checkpoint, calib_text, backend, output, oblivious, sink_tokens,
          recent_tokens, key_mean, key_scale, value_mean, value_scale, per_layer, calib_windows,
@@ -101,10 +103,11 @@ def main(family, kv_bits, checkpoint, calib_text, backend, output, oblivious, si
     if min(key_w, value_w) < MIN_WIDTH:
         raise TQError(f"--kv-bits {kv_bits}: tq-build takes widths from {MIN_WIDTH:g} to {MAX_WIDTH:g} bits "
                       "(below 2 bits the cache loses too much to be useful)")
-    if backend == "trtllm":
-        raise TQError("the TensorRT-LLM engine path is not available yet (it needs TensorRT-LLM 1.2 and "
-                      "the QuantizedAttention plugin); use --backend hf or auto")
-    backend = "hf"
+    trtllm = None
+    if backend == "trtllm":  # TensorRT-LLM and the plugin's needs checked before any calibration
+        trtllm = prepare_trtllm_build(click.get_current_context(), family)
+        sink_tokens, recent_tokens, per_layer = trtllm.sink_tokens, trtllm.recent_tokens, trtllm.per_layer
+    backend = "trtllm" if trtllm else "hf"
     tag = str(kv_bits).strip().lower()
     output = Path(output) if output else Path("engines") / f"{family}-kv{tag}"
     if output.exists():
@@ -130,7 +133,8 @@ def main(family, kv_bits, checkpoint, calib_text, backend, output, oblivious, si
                                   stats_context=stats_context,
                                   key_scale_lengths=_scale_lengths(key_scale_lengths), seed=seed)
         table = calibrate(loaded, text, tag, opts, source=source, progress=not as_json)
-    manifest = write_engine(output, family, checkpoint, backend, table)
+    manifest = (trtllm.build(output, family, checkpoint, loaded, table) if trtllm
+                else write_engine(output, family, checkpoint, backend, table))
     if as_json:
         click.echo(json.dumps({"output": str(output), **manifest}))
         return

@@ -10,6 +10,7 @@ from ..core.errors import TQError
 from ..core.quantizer import ROTATIONS
 from ..eval.distortion import KINDS, measure_distortion
 from ..eval.run_record import run_metadata
+from ..trtllm.check import check_command
 from .eval_ppl_needle import needle, ppl
 
 
@@ -44,6 +45,7 @@ def distortion(bits, dim, kind, rotation, samples, seed, as_json):
 
 main.add_command(ppl)
 main.add_command(needle)
+main.add_command(check_command())
 
 
 if __name__ == "__main__":

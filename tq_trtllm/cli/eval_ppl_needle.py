@@ -14,6 +14,7 @@ from ..eval.corpus import EVALUATION_BOOK, read_corpus
 from ..eval.needle import ALL, DEPTHS
 from ..eval.run_record import run_metadata
 from ..integrations.cache import CHUNK_READS
+from ..trtllm.cli_backend import backend_option, needle_trtllm, ppl_trtllm
 from .common import clean_errors, comma_list, device_option, place_model, token_lengths
 
 
@@ -65,6 +66,7 @@ def _table_digest(path, manifest) -> str:
 @click.option("--window", type=click.IntRange(min=16), default=1024, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per engine or baseline, one a line.")
 @device_option
+@backend_option(ppl_trtllm)
 @clean_errors
 def ppl(engines, baselines, corpus, max_tokens, window, as_json, device):
     from ..calibration.capture import token_windows
@@ -151,6 +153,7 @@ def _depths(text: str) -> list[float]:
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object (with every prompt's answers under 'answers').")
 @device_option
+@backend_option(needle_trtllm)
 @clean_errors
 def needle(engines, lengths, seeds, depths, filler, baselines, graded, rows_file, chunk_reads,
            as_json, device):

@@ -7,6 +7,7 @@ import json
 import click
 
 from ..core.errors import TQError
+from ..trtllm.cli_backend import backend_option, run_trtllm
 from .common import clean_errors, device_option, place_model
 
 
@@ -26,6 +27,7 @@ def prompt_ids(tokenizer, prompt: str, chat: bool):
               help="Wrap the prompt in the tokenizer's chat template when it has one.")
 @device_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@backend_option(run_trtllm)
 @clean_errors
 def main(engine_dir, prompt, max_new_tokens, chat, device, as_json):
     if not prompt.strip():
