@@ -6,19 +6,21 @@ export PYTHONPATH=.:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 export TQ_KERNELS_LIB="${TQ_KERNELS_LIB:-build/plugin_cpp/kernels/libtq_kernels.so}"
 # on the GPU machine a GPU test or a plugin test that cannot run fails instead of skipping
 export TQ_REQUIRE_GPU=1 TQ_REQUIRE_PLUGIN=1
-# What build_scripts/device_bench_prep.sh staged, unpacked once per machine: the kernel library,
-# the plugin, the C++ example and FlashInfer (tq-bench decode's FP8 column).
-if [[ -d device_carry/bench ]]; then
-  stage=/tmp/tq_bench
-  if [[ ! -d $stage/site/flashinfer ]]; then
-    mkdir -p "$stage/site"
-    for f in device_carry/bench/*.xz; do
-      [[ $f == *flashinfer.tar.xz ]] && continue
-      xz -dc "$f" > "$stage/$(basename "${f%.xz}")"; chmod +x "$stage/$(basename "${f%.xz}")"
-    done
-    xz -T8 -dc device_carry/bench/flashinfer.tar.xz | tar xf - -C "$stage/site"
-    python3 -m pip install -q --no-index --no-deps --target "$stage/site" device_carry/bench/apache_tvm_ffi-*.whl
-  fi
-  export PYTHONPATH=$stage/site:$PYTHONPATH TQ_KERNELS_LIB=$stage/libtq_kernels.so
-  export FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16
+# What build_scripts/device_bench_prep.sh staged, unpacked into $TQ_STAGE once per machine: the
+# kernel library, plugin, harness and C++ example (device_carry/lib), FlashInfer (device_carry/fi).
+TQ_STAGE=/tmp/tq_stage
+if [[ -d device_carry/fi && ! -d $TQ_STAGE/site/flashinfer ]]; then
+  mkdir -p "$TQ_STAGE/site"
+  xz -T8 -dc device_carry/fi/flashinfer.tar.xz | tar xf - -C "$TQ_STAGE/site"
+  python3 -m pip install -q --no-index --no-deps --target "$TQ_STAGE/site" device_carry/fi/apache_tvm_ffi-*.whl
+fi
+if [[ -d device_carry/lib ]]; then
+  mkdir -p "$TQ_STAGE/bin"
+  for f in device_carry/lib/*.xz; do
+    xz -T8 -dc "$f" > "$TQ_STAGE/bin/$(basename "${f%.xz}")"; chmod +x "$TQ_STAGE/bin/$(basename "${f%.xz}")"
+  done
+  export TQ_KERNELS_LIB=$TQ_STAGE/bin/libtq_kernels.so
+fi
+if [[ -d $TQ_STAGE/site/flashinfer ]]; then
+  export PYTHONPATH=$TQ_STAGE/site:$PYTHONPATH FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16
 fi
