@@ -21,6 +21,7 @@ from ..trt.plugin_fields import plugin_fields
 from .plugin_libraries import PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION
 from .weight_names import KEPT_ATTENTION_MODULES
 
+# the plugin's inputs in its order (plugin_cpp/plugin/io_layout.h)
 PLUGIN_INPUTS = ("qkv", "host_past_key_value_lengths", "host_context_lengths", "host_request_types",
                  "kv_cache_block_offsets", "host_kv_cache_pool_pointers", "host_kv_cache_pool_mapping")
 
@@ -103,11 +104,16 @@ def _attention_class():
                 raise TQError("the QuantizedAttention engine needs the paged KV cache inputs "
                               "(plugin_config.paged_kv_cache and gpt_attention_plugin on)")
             qkv = self.qkv(hidden_states)
-            inputs = [qkv, kv_cache_params.host_past_key_value_lengths, attention_params.host_context_lengths,
-                      attention_params.host_request_types, unsqueeze(kv_cache_params.kv_cache_block_offsets, 2),
-                      kv_cache_params.host_kv_cache_pool_pointers, kv_cache_params.host_kv_cache_pool_mapping]
+            tensors = {"qkv": qkv,
+                       "host_past_key_value_lengths": kv_cache_params.host_past_key_value_lengths,
+                       "host_context_lengths": attention_params.host_context_lengths,
+                       "host_request_types": attention_params.host_request_types,
+                       # [pools, batch, 2, max_blocks] -> [pools, batch, beam 1, 2, max_blocks]
+                       "kv_cache_block_offsets": unsqueeze(kv_cache_params.kv_cache_block_offsets, 2),
+                       "host_kv_cache_pool_pointers": kv_cache_params.host_kv_cache_pool_pointers,
+                       "host_kv_cache_pool_mapping": kv_cache_params.host_kv_cache_pool_mapping}
             plugin = create_plugin(self.plugin_layer_name, self.plugin_fields)
-            layer = default_trtnet().add_plugin_v3([t.trt_tensor for t in inputs], [], plugin)
+            layer = default_trtnet().add_plugin_v3([tensors[n].trt_tensor for n in PLUGIN_INPUTS], [], plugin)
             layer.name = self.plugin_layer_name
             context = _create_tensor(layer.get_output(0), layer)
             output = self.dense(context, all_reduce_params=all_reduce_params)
