@@ -39,6 +39,24 @@ def test_stats_match_direct_computation(loaded):
     assert torch.allclose(scale.log().mean(dim=-1), torch.zeros(2, dtype=torch.float64), atol=1e-9)
     o_proj = loaded.model.model.layers[1].self_attn.o_proj.weight
     assert torch.equal(s.value_weight, output_weights(o_proj, 2, 64))
+    # the key mean and power over the context's 64 positions, from the captured post-RoPE keys
+    # themselves: each key k_t (position t = 1 .. 63) stands at every position p = 0 .. 63 as
+    # R(p - t) k_t, R transformers' rotate-half rotation at the model's own frequencies
+    inv_freq = loaded.model.model.rotary_emb.inv_freq.double()
+    for layer, (_, k) in _captured(loaded.model, windows).items():  # k [windows, H, 64, d]
+        keys = k[:, :, 1:]
+        turn = (torch.arange(64.0)[:, None] - torch.arange(1.0, 64.0))[..., None] * inv_freq  # [p, t, d/2]
+        cos, sin = torch.cat([turn.cos()] * 2, -1), torch.cat([turn.sin()] * 2, -1)
+        half = keys.shape[-1] // 2
+        rotated = torch.cat([-keys[..., half:], keys[..., :half]], -1)
+        placed = keys[:, :, None] * cos + rotated[:, :, None] * sin  # [windows, H, p, t, d]
+        mean = placed.mean(dim=(0, 2, 3))
+        # float32 keys and RoPE angles: agreement to about 1e-7 of the keys' scale, not to float64's
+        torch.testing.assert_close(stats[layer].key_mean, mean, rtol=1e-5, atol=1e-6)
+        power = placed.square().mean(dim=(0, 2, 3))
+        torch.testing.assert_close(stats[layer].key_power(centred=False), power, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(stats[layer].key_power(centred=True), power - mean**2, rtol=1e-5,
+                                   atol=1e-6)
 
 
 def _captured(model, windows):
