@@ -17,6 +17,9 @@ lib=$(python3 -c "from tq_trtllm.kernels._lib import find_library; print(find_li
 [[ -n "$lib" ]] || { echo "the kernel library is not built: run build_scripts/install.sh" >&2; exit 1; }
 rm -rf "$dest" device_carry/fi; mkdir -p "$dest" device_carry/fi
 xz -T0 -c "$lib" > "$dest/libtq_kernels.so.xz"
+# The revision the rows name (run_record.py): the GPU machine's copy has no git history of its own.
+echo "$(git rev-parse --short=12 HEAD)$([[ -n $(git status --porcelain --untracked-files=no) ]] && echo -dirty)" \
+  > "$dest/REVISION"
 for plugin in build/plugin_cpp/plugin/libtq_attention_plugin.so build/plugin_cpp/plugin/tq_plugin_harness; do
   [[ -f $plugin ]] && xz -T0 -c "$plugin" > "$dest/$(basename "$plugin").xz"
 done

@@ -20,6 +20,7 @@ if [[ -d device_carry/lib ]]; then
     xz -T8 -dc "$f" > "$TQ_STAGE/bin/$(basename "${f%.xz}")"; chmod +x "$TQ_STAGE/bin/$(basename "${f%.xz}")"
   done
   export TQ_KERNELS_LIB=$TQ_STAGE/bin/libtq_kernels.so
+  if [[ -f device_carry/lib/REVISION ]]; then export TQ_REVISION=$(cat device_carry/lib/REVISION); fi
 fi
 if [[ -d $TQ_STAGE/site/flashinfer ]]; then
   export PYTHONPATH=$TQ_STAGE/site:$PYTHONPATH FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16

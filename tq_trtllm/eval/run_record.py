@@ -3,6 +3,7 @@ its command, GPU, driver and source revision (docs/results/*.jsonl hold such row
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
@@ -35,7 +36,13 @@ def _git(*args: str) -> str | None:
 
 def _revision() -> tuple[str | None, bool | None]:
     """(short commit, whether tracked files differ from it), or (None, None) when the package does
-    not run from a git checkout (an installed wheel: a parent repository would be the wrong one)."""
+    not run from a git checkout (an installed wheel: a parent repository would be the wrong one).
+    $TQ_REVISION ("<commit>" or "<commit>-dirty") names it where the tree was copied without its
+    git history (the GPU machine's copy: build_scripts/device_bench_prep.sh records it)."""
+    named = os.environ.get("TQ_REVISION")
+    if named:
+        commit, _, flag = named.partition("-")
+        return commit, flag == "dirty"
     top = _git("rev-parse", "--show-toplevel")
     if top is None or Path(top).resolve() / "tq_trtllm" != _PACKAGE_DIR:
         return None, None
