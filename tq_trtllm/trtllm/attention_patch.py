@@ -55,24 +55,31 @@ def layer_fields(table, layer: int, tokens_per_block: int, rope_args: dict) -> d
                          page_lse_shift=table.layers[layer].page_lse_shift, **rope_args)
 
 
-def plugin_field_collection(fields: dict):
-    """trt.PluginFieldCollection of plugin_fields' arrays (the table as kUNKNOWN bytes)."""
-    import tensorrt as trt
+def _tensorrt(trt):
+    if trt is None:
+        import tensorrt as trt
+    return trt
 
+
+def plugin_field_collection(fields: dict, trt=None):
+    """PluginFieldCollection of plugin_fields' arrays (the table as kUNKNOWN bytes); `trt`: the
+    TensorRT Python module (default: tensorrt, TensorRT-LLM's)."""
+    trt = _tensorrt(trt)
     types = {np.dtype(np.int32): trt.PluginFieldType.INT32, np.dtype(np.float32): trt.PluginFieldType.FLOAT32,
              np.dtype(np.int64): trt.PluginFieldType.INT64, np.dtype(np.uint8): trt.PluginFieldType.UNKNOWN}
     return trt.PluginFieldCollection([trt.PluginField(name, np.ascontiguousarray(value), types[value.dtype])
                                       for name, value in fields.items()])
 
 
-def create_plugin(name: str, fields: dict):
-    import tensorrt as trt
-
-    creator = trt.get_plugin_registry().get_creator(PLUGIN_NAME, PLUGIN_VERSION, PLUGIN_NAMESPACE)
+def create_plugin(name: str, fields: dict, trt=None, registry=None):
+    """The plugin object for one layer, created for the build phase from `fields`."""
+    trt = _tensorrt(trt)
+    registry = registry or trt.get_plugin_registry()
+    creator = registry.get_creator(PLUGIN_NAME, PLUGIN_VERSION, PLUGIN_NAMESPACE)
     if creator is None:
         raise TQError("the QuantizedAttention plugin is not registered with TensorRT; load "
                       "libtq_attention_plugin.so first (plugin_libraries.register_with_tensorrt)")
-    plugin = creator.create_plugin(name, plugin_field_collection(fields), trt.TensorRTPhase.BUILD)
+    plugin = creator.create_plugin(name, plugin_field_collection(fields, trt), trt.TensorRTPhase.BUILD)
     if plugin is None:
         raise TQError(f"the QuantizedAttention plugin refused the fields of {name} (TensorRT's log names the field)")
     return plugin
