@@ -9,6 +9,7 @@ import click
 from ..core.rotary_mean import MAX_ROTARY_PAIRS
 from ..core.spec import parse_kv_bits
 from ..eval.run_record import run_metadata
+from ..serving.bench import serve as serve_command
 from .common import clean_errors
 
 ROTARY = click.option("--rotary-pairs", type=click.IntRange(0, MAX_ROTARY_PAIRS), default=0,
@@ -164,6 +165,8 @@ def engine(engine_dir, sizes, iters, l2_flush, as_json):
                    f"one CUDA graph: tq {step.tq_graph_us:.1f} us (fused append {step.fused_graph_us:.1f}), "
                    f"SDPA {step.sdpa_graph_us:.1f} us, {step.graph_speedup:.2f}x")
 
+
+main.add_command(serve_command, "serve")  # tq-bench serve: tq_trtllm/serving/bench.py
 
 if __name__ == "__main__":
     main()
