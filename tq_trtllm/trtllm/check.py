@@ -23,12 +23,18 @@ from ..core.errors import TQError
 
 MODEL = dict(hidden_size=1024, num_attention_heads=8, num_key_value_heads=4, head_dim=128,
              intermediate_size=2048, num_hidden_layers=2, vocab_size=1024, max_position_embeddings=4096,
-             rope_theta=10000.0, initializer_range=0.08, tie_word_embeddings=False, rms_norm_eps=1e-5)
+             rope_theta=10000.0, initializer_range=0.03, tie_word_embeddings=False, rms_norm_eps=1e-5)
 PROMPT_TOKENS, DECODE_STEPS, TOKENS_PER_BLOCK = 150, 32, 32
-# The engine's logits (fp16 activations, the CUDA kernels) against the reference's (fp32, the
-# Python reference of the same tables): RMS of the difference over RMS of the reference's spread.
-REL_RMS_BOUND = 0.03
-# ...and the engine must be clearly closer to the quantized reference than to one with an exact
+# Bounds on the engine's logits (fp16 activations, the CUDA kernels) against the reference's
+# (fp32, the Python reference of the same tables), as the RMS of the difference over the RMS of
+# the reference logits' spread. The prefill row reads the prompt exactly (no quantization), so only
+# fp16 rounding separates them: the reference itself run in fp16 is 0.0013 off (measured on this
+# check's model, CPU). Decode steps read the pool: TurboQuant's scale search (FORMAT.md step 4.4)
+# picks among near-equal candidates, so last-bit differences of a key change some vectors' codes;
+# the fp16 reference is 0.036 off there, while the exact-cache reference is 0.38 off.
+PREFILL_BOUND = 0.01
+DECODE_BOUND = 0.10
+# ...and the engine must be clearly closer to the quantized reference than to one with an fp16
 # cache: otherwise the comparison could not tell the plugin's cache from no quantization at all.
 CLOSER_FACTOR = 0.5
 
@@ -54,7 +60,7 @@ def tiny_tokenizer(vocab: int):
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", pad_token="t0", eos_token="t1")
 
 
-def random_model(directory: Path):
+def random_model(directory: Path, config: dict = MODEL):
     """The random Llama, its weights rounded to fp16 (what the engine holds), saved as a Hugging
     Face directory; returns a LoadedModel of it in float32."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -63,8 +69,8 @@ def random_model(directory: Path):
     from ..models.registry import get_family
 
     torch.manual_seed(2026)
-    model = LlamaForCausalLM(LlamaConfig(**MODEL)).half().float().eval()
-    tokenizer = tiny_tokenizer(MODEL["vocab_size"])
+    model = LlamaForCausalLM(LlamaConfig(**config)).half().float().eval()
+    tokenizer = tiny_tokenizer(config["vocab_size"])
     model.save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)
     return LoadedModel(get_family("llama"), directory, model, tokenizer)
@@ -78,30 +84,32 @@ def check_table(loaded):
 
     table = oblivious_table(fingerprint("llama", loaded.config), 3.0, 3.0, seed=11, kv_bits="3")
     gen = torch.Generator().manual_seed(5)
-    h, d = MODEL["num_key_value_heads"], MODEL["head_dim"]
+    h, d = table.kv_heads, table.head_dim
     for layer in table.layers:
         layer.key_mean = 0.05 * torch.randn(h, d, generator=gen)
         layer.key_scale = 0.5 + torch.rand(h, d, generator=gen)
     return table
 
 
-def reference_logits(loaded, table, prompt: list[int], tokens: list[int], quantized: bool) -> torch.Tensor:
-    """Logit rows of the prefill's last position and of each fed token: [1 + len(tokens) - 1, vocab]
-    (the reference reads the prompt's own tokens exactly, the earlier ones through the cache)."""
-    from transformers import DynamicCache
-
+def reference_logits(loaded, table, prompt: list[int], tokens: list[int], quantized: bool,
+                     device: str = "cuda") -> torch.Tensor:
+    """Logit rows of the prefill's last position and of each fed token but the last: [len(tokens), vocab]
+    (the prompt's own tokens read exactly, as the plugin's context phase does; then each decode
+    step reads the earlier positions through the cache, TurboQuant's or an fp16 one)."""
+    from ..eval.baselines import RoundtripCache
     from ..integrations.attention import use_turboquant_attention
     from ..integrations.cache import TurboQuantCache
 
-    model = loaded.model.to("cuda")
+    model = loaded.model.to(device)
     use_turboquant_attention(model)
-    cache = TurboQuantCache(table, backend="reference") if quantized else DynamicCache()
+    cache = (TurboQuantCache(table, backend="reference") if quantized
+             else RoundtripCache("fp16", len(table.layers), table.head_dim, "exact"))  # an fp16 cache
     rows = []
     with torch.inference_mode():
-        out = model(input_ids=torch.tensor([prompt], device="cuda"), past_key_values=cache, use_cache=True)
+        out = model(input_ids=torch.tensor([prompt], device=device), past_key_values=cache, use_cache=True)
         rows.append(out.logits[0, -1].float().cpu())
         for t in tokens[:-1]:
-            out = model(input_ids=torch.tensor([[t]], device="cuda"), past_key_values=cache, use_cache=True)
+            out = model(input_ids=torch.tensor([[t]], device=device), past_key_values=cache, use_cache=True)
             rows.append(out.logits[0, -1].float().cpu())
     return torch.stack(rows)
 
@@ -154,23 +162,29 @@ def pool_check(report: Report, engine: Path, table, tp: int) -> None:
                 f"({fp16 / block:.2f}x smaller than fp16's {fp16})")
 
 
-def compare(report: Report, loaded, table, prompt: list[int], run: dict, tp: int) -> None:
-    tokens, logits = run["tokens"], run["logits"]
-    if len(tokens) != DECODE_STEPS + 1 or logits.shape[0] != DECODE_STEPS + 1:
+def compare(report: Report, loaded, table, prompt: list[int], run: dict, tp: int, device: str = "cuda",
+            steps: int = DECODE_STEPS) -> None:
+    """The engine's logit rows (the prefill's, then one per decode step) against the references fed
+    the same tokens: three PASS/FAIL lines."""
+    tokens, logits = run["tokens"], run["logits"].float()
+    if len(tokens) != steps + 1 or logits.shape[0] != steps + 1:
         report.line(False, f"tp{tp} logits", f"the engine returned {len(tokens)} tokens and {logits.shape[0]} "
-                    f"logit rows, expected {DECODE_STEPS + 1}")
+                    f"logit rows, expected {steps + 1}")
         return
-    ref = reference_logits(loaded, table, prompt, tokens, quantized=True)
-    exact = reference_logits(loaded, table, prompt, tokens, quantized=False)
+    ref = reference_logits(loaded, table, prompt, tokens, quantized=True, device=device)
+    exact = reference_logits(loaded, table, prompt, tokens, quantized=False, device=device)
     spread = rms(ref - ref.mean(dim=-1, keepdim=True))
-    err, err_exact = rms(logits - ref) / spread, rms(logits - exact) / spread
+    prefill = rms(logits[0] - ref[0]) / spread
+    decode, decode_exact = rms(logits[1:] - ref[1:]) / spread, rms(logits[1:] - exact[1:]) / spread
     greedy = sum(int(a == b) for a, b in zip(ref.argmax(-1).tolist(), tokens))
-    report.line(err <= REL_RMS_BOUND, f"tp{tp} logits vs reference",
-                f"prefill + {DECODE_STEPS} decode steps: RMS difference {err:.4f} of the logits' spread "
-                f"(bound {REL_RMS_BOUND}); greedy tokens equal to the reference's argmax at {greedy}/{len(tokens)}")
-    report.line(err <= CLOSER_FACTOR * err_exact, f"tp{tp} quantized cache in use",
-                f"difference to the quantized reference {err:.4f} vs to an exact-cache reference "
-                f"{err_exact:.4f} (must be below {CLOSER_FACTOR}x)")
+    report.line(prefill <= PREFILL_BOUND, f"tp{tp} prefill logits vs reference",
+                f"RMS difference {prefill:.4f} of the logits' spread (bound {PREFILL_BOUND})")
+    report.line(decode <= DECODE_BOUND, f"tp{tp} decode logits vs reference",
+                f"{steps} steps: RMS difference {decode:.4f} of the logits' spread (bound {DECODE_BOUND}); "
+                f"the engine's greedy tokens are the reference's argmax at {greedy}/{len(tokens)}")
+    report.line(decode <= CLOSER_FACTOR * decode_exact, f"tp{tp} quantized cache in use",
+                f"decode difference to the quantized reference {decode:.4f} vs to an fp16-cache reference "
+                f"{decode_exact:.4f} (must be below {CLOSER_FACTOR}x)")
 
 
 def run_check(keep: Path | None = None, tp_sizes: list[int] | None = None) -> int:
