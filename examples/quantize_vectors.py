@@ -1,6 +1,8 @@
 """Quantize a few key vectors with the reference library, pack them into a page and read them back.
 
-    python examples/quantize_vectors.py
+    .venv/bin/python examples/quantize_vectors.py
+
+Seeded: every run prints the same figures.
 """
 
 import torch
@@ -11,7 +13,7 @@ from tq_trtllm.core.spec import CodecSpec
 
 spec = CodecSpec(head_dim=128, width=3)
 codec = VectorCodec(spec, seed=42)
-keys = torch.randn(16, 128)
+keys = torch.randn(16, 128, generator=torch.Generator().manual_seed(0))
 
 encoded = codec.encode(keys)
 layout = PageLayout(spec, tokens_per_block=16)

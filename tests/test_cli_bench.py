@@ -8,7 +8,7 @@ from tq_trtllm.core.errors import TQError
 
 def test_widths_take_uniform_widths_and_key_value_pairs():
     assert _parse_widths("3, 4.5,k5v3") == [(3.0, 3.0), (4.5, 4.5), (5.0, 3.0)]
-    with pytest.raises(TQError, match="KV width 6 is not supported"):
+    with pytest.raises(TQError, match="--bits k6v3 is not a width this command takes: use 1, 1.5, "):
         _parse_widths("3,k6v3")
 
 

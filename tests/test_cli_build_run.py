@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 import shutil
 
 import pytest
@@ -105,6 +106,13 @@ def test_run_prints_text_and_kv_bytes(engine):
     assert table.recent_tokens == CalibrationOptions.recent_tokens and out["kv_bytes"] == table.cache_bytes(out["cached_tokens"])
     fp16_per_token = out["kv_bytes_fp16"] / out["cached_tokens"]
     assert table.cache_bytes(4096) * 3 < 4096 * fp16_per_token  # over 3x smaller at 4,096 tokens
+    # the rows kept in fp16 beside the pages (1 sink, then the recent window's 15), and the ratio
+    # that each further token of a long sequence costs
+    rows = out["fp16_rows"]
+    assert (rows["sink"], rows["recent"]) == (1, min(out["cached_tokens"] - 1, 15))
+    assert rows["bytes"] == (rows["sink"] + rows["recent"]) * fp16_per_token <= out["kv_bytes"]
+    long = 1_000_000
+    assert out["steady_state_ratio"] == pytest.approx(long * fp16_per_token / table.cache_bytes(long), rel=1e-3)
     from tq_trtllm import kernels
 
     assert out["backend"] == ("kernels" if kernels.available() else "reference")
@@ -113,6 +121,8 @@ def test_run_prints_text_and_kv_bytes(engine):
                            "--device cuda cannot run here")
     text = invoke(run, "--engine", engine, "--prompt", "the new", "--max-new-tokens", "2")
     assert text.exit_code == 0 and "KV cache:" in text.output and "FP16" in text.output
+    assert re.search(r"\d+ sink and \d+ recent tokens stay in FP16", text.output), text.output
+    assert f"{out['steady_state_ratio']:.2f}x smaller than in FP16 (the steady-state" in text.output
 
 
 def test_ppl_and_needle_commands(engine, calib_file):
@@ -283,10 +293,11 @@ def test_too_long_prompt_is_refused(engine):
 
 @pytest.mark.parametrize("args, fragments", [
     (("--model", "gpt2"), ("'gpt2' is not supported", "llama, mistral, qwen2")),
-    (("--kv-bits", "6"), ("KV width 6 is not supported",)),
-    (("--kv-bits", "k3v7"), ("KV width 7 is not supported",)),
-    (("--kv-bits", "three"), ("not a number",)),
-    (("--kv-bits", "1.5"), ("takes widths from 2 to 5 bits",)),
+    # the widths tq-build takes, and those alone
+    (("--kv-bits", "6"), ("--kv-bits 6 is not a width", "use 2, 2.5, 3, 3.5, 4, 4.5 or 5 bits")),
+    (("--kv-bits", "k3v7"), ("--kv-bits k3v7 is not a width", "a K/V pair of them such as k4v3")),
+    (("--kv-bits", "three"), ("--kv-bits three is not a width",)),
+    (("--kv-bits", "1.5"), ("use 2, 2.5", "below 2 bits")),
     (("--backend", "trtllm"), ("TensorRT-LLM engine path is not available yet",)),
     (("--checkpoint", "/nonexistent/model.gguf"), ("does not exist",)),
     (("--calib-text", "/nonexistent/text.txt"), ("does not exist",)),

@@ -1,8 +1,12 @@
 """Engine directories: manifest.json plus the calibration tables, written atomically.
 
 An engine names its model (family and checkpoint; no checkpoint means the embedded default), the
-backend, the bit widths and the table file. `open_engine` loads the model and refuses tables that
-do not match it.
+backend, the bit widths and the table file. `check_engine` reads and validates the manifest and the
+tables without loading the model (every command calls it before a model load); `open_engine` then
+loads the model and refuses tables that do not match it.
+
+Engine directories are readable by every user the umask allows (0755 / 0644 under the usual 022):
+a server may run as another user than the one who built the engine.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from .calibration.tables_io import load_table, save_table
 from .core.errors import TQError
 from .core.spec import FORMAT_VERSION, check_format_version
 from .models.checkpoint import LoadedModel, load_model
-from .models.fingerprint import fingerprint
+from .models.fingerprint import fingerprint, fingerprint_differences
 
 ENGINE_VERSION = 1
 MANIFEST = "manifest.json"
@@ -34,6 +38,12 @@ class Engine:
     manifest: dict
     table: KVTable
     loaded: LoadedModel
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_engine(output: Path, family: str, checkpoint: str | None, backend: str,
@@ -67,6 +77,12 @@ def write_engine(output: Path, family: str, checkpoint: str | None, backend: str
     try:
         save_table(table, tmp / TABLES)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        # mkdtemp makes the directory private (0700) and safetensors its file 0600: open both up
+        # as far as the umask allows, as a plain mkdir and open would
+        mask = _umask()
+        for file in tmp.iterdir():
+            file.chmod(0o666 & ~mask)
+        tmp.chmod(0o777 & ~mask)
         os.rename(tmp, output)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -96,9 +112,32 @@ def tables_path(path: str | Path, manifest: dict) -> Path:
     return Path(path) / manifest.get("tables", TABLES)
 
 
-def open_engine(path: str | Path) -> Engine:
+def check_engine(path: str | Path) -> tuple[dict, KVTable]:
+    """The manifest and the tables of the engine directory `path`, both validated, and its
+    checkpoint present: everything that can be refused before the model loads."""
     path = Path(path)
+    if not path.is_dir():
+        raise TQError(f"engine directory {path} does not exist" if not path.exists() else
+                      f"{path} is a file, not an engine directory (tq-build writes a directory)")
     manifest = read_manifest(path)
+    table = load_table(tables_path(path, manifest))
+    checkpoint = manifest.get("checkpoint")
+    if checkpoint is not None and not Path(checkpoint).exists():
+        raise TQError(f"engine {path} was built from checkpoint {checkpoint}, which no longer exists")
+    return manifest, table
+
+
+def check_model(tables: Path, table: KVTable, loaded: LoadedModel) -> None:
+    """Refuses a table (read from the file `tables`) made for another model than the loaded one."""
+    diffs = fingerprint_differences(table.fingerprint, fingerprint(loaded.family.name, loaded.config))
+    if diffs:
+        raise TQError(f"calibration table {tables} was made for another model: " + "; ".join(diffs))
+
+
+def open_engine(path: str | Path) -> Engine:
+    """The engine at `path`, checked (check_engine), then its model loaded."""
+    path = Path(path)
+    manifest, table = check_engine(path)
     loaded = load_model(manifest["model"], manifest.get("checkpoint"))
-    table = load_table(tables_path(path, manifest), fingerprint(loaded.family.name, loaded.config))
+    check_model(tables_path(path, manifest), table, loaded)
     return Engine(path, manifest, table, loaded)

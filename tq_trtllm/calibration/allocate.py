@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 EFFECTIVE_OVERHEAD = 0.3  # effective bits may exceed the named width by at most this much
-# 5 bits serve the few layers whose keys carry far-back retrieval (docs/QUALITY.md, session 13:
-# allowed at the 4-bit budget they took most of the passkey loss away); 4.5 among the candidates
+# 5 bits serve the few layers whose keys carry far-back retrieval: allowed at the 4-bit budget they
+# took most of the passkey loss away (docs/QUALITY.md#the-5-bit-width); 4.5 among the candidates
 # gained nothing there, so it is left out.
 CANDIDATE_WIDTHS = (2.0, 2.5, 3.0, 3.5, 4.0, 5.0)
 

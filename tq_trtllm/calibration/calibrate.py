@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 
 import torch
 from tqdm import tqdm
@@ -16,6 +16,7 @@ from ..models.fingerprint import fingerprint, head_dim_of
 from ..models.registry import output_projections, rotary_frequencies
 from .allocate import CANDIDATE_WIDTHS, allocate_widths
 from .capture import run_observed, token_windows
+from .options import CalibrationOptions
 from .page_mass import measure_page_shifts
 from .retrieval import retrieval_windows
 from .sensitivity import fisher_cost, fisher_gradients
@@ -23,44 +24,6 @@ from .stats import ChannelStats, output_weights
 from .table import KVTable, LayerTable
 
 REFERENCE_CONTEXT = 1024  # the context length at which effective bits are budgeted
-
-
-@dataclass
-class CalibrationOptions:
-    key_mean: bool = True  # subtract the per-head key channel mean (restored exactly)
-    key_scale: bool = True  # per-channel key scale from query/key statistics (folded into q)
-    value_mean: bool = False
-    value_scale: bool = False  # per-channel value scale from value statistics and o_proj weights
-    sink_tokens: int = 0  # first tokens kept exact in fp16
-    # each query's most recent positions read exact (table.recent_tokens); 16 took calibrated 3-bit
-    # from +4.7% (own position only) to +1.4% perplexity at the same effective bits, 8 to +1.8%
-    # (docs/QUALITY.md, session 6)
-    recent_tokens: int = 16
-    per_layer: bool = True  # per-layer widths under the budget (else the same widths everywhere)
-    window: int = 512  # calibration window length, tokens
-    windows: int = 8  # windows for the statistics
-    fisher_windows: int = 2  # windows for the sensitivity
-    fisher_samples: int = 4  # label samples per window for the Fisher estimate
-    # synthetic retrieval windows added to the Fisher windows (retrieval.py); 2 nearly doubled
-    # passkey retrieval at 3 bits at unchanged perplexity (docs/QUALITY.md, session 4)
-    retrieval_windows: int = 2
-    # subtract the measured log-mass inflation of the packed keys from the pages' log-sum-exp
-    # (page_mass.py)
-    page_shift: bool = True
-    # channel pairs per KV head whose pre-RoPE key mean is subtracted as it turns (rotary_mean.py):
-    # on SmolLM2-135M, 16 pairs take the keys' centred energy down by 41% at the calibration
-    # positions and by 79% at positions 6,000-8,000 (docs/QUALITY.md, session 8); 0: none
-    rotary_pairs: int = 16
-    # positions the key mean and outlier channels stand for (stats.py), and the key scale when
-    # key_scale_lengths is empty: as the scale's context, 512 fitted the calibration windows' own
-    # positions, 8,192 cost 3-bit passkey at 1,024 tokens, 2,048 at 8,000 (docs/QUALITY.md,
-    # sessions 9 and 30)
-    stats_context: int = 2048
-    # prompt lengths the key scale is balanced over (stats.py); None: powers of two from 1,024 to
-    # the model's context; empty: fitted to stats_context alone, which at 2,048 lost 0.34 nats of
-    # passkey at 8,000 tokens against the balanced scale (docs/QUALITY.md, session 31)
-    key_scale_lengths: tuple[int, ...] | None = None
-    seed: int = 0
 
 
 def balanced_lengths(max_context: int, shortest: int = 1024) -> tuple[int, ...]:

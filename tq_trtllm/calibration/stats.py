@@ -7,7 +7,7 @@ model's own inverse frequencies), as each pair's first and second moments; the p
 the codec needs follow for any range of positions by turning those moments (`context`: positions 0
 to context - 1, each weighted alike). Measured post-RoPE on the calibration windows alone, a
 per-channel scale and mean fit the windows' few hundred positions and lose their use where slowly
-turning pairs have turned further (docs/QUALITY.md, session 9).
+turning pairs have turned further (docs/QUALITY.md#statistics-context).
 
 Per-channel key scale. Quantizing z = (k - mean) / s adds an error that the rotation spreads evenly
 over channels, so the logit error q . (s * e) has variance proportional to
@@ -16,7 +16,7 @@ By Cauchy-Schwarz this is smallest at s_c = (E[k'_c^2] / E[q_c^2])^(1/4); the sc
 query at attention time (q . k = (q * s) . (k / s)), so logits are unchanged in exact arithmetic.
 One scale serves every position, but RoPE turns slowly rotating pairs on: on SmolLM2-135M, the scale
 fitted to positions 0-2,047 leaves the logit error of 8,000-token prompts 30% above that length's
-optimum (docs/QUALITY.md, session 31). Balanced over prompt lengths L (`lengths`), the scale
+optimum (docs/QUALITY.md#key-scale-balanced-over-lengths). Balanced over prompt lengths L, the scale
 minimizes sum_L log E_L(s), E_L the error above with keys at positions 0 .. L - 1 and queries at the
 last quarter of them: each length's error relative to its own optimum counts alike. That sum is
 convex in log s, and its stationary point solves s_c^4 = sum_L (K_Lc / A_L) / sum_L (Q_Lc / B_L),

@@ -9,9 +9,9 @@ import torch
 from ..core.quantizer import VectorCodec
 from ..core.rotary_mean import RotaryMean
 from ..core.spec import CodecSpec
+from .options import MAX_RECENT_TOKENS  # noqa: F401  (defined where tq-build reads it, torch-free)
 
 TABLE_VERSION = 2
-MAX_RECENT_TOKENS = 64  # the recent window's bound (tables, tq-build)
 # a shift of 4 would mean logit noise of std ~2.8, far beyond any width the format has: a table
 # that holds more is damaged
 MAX_PAGE_LSE_SHIFT = 4.0

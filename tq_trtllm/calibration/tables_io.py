@@ -107,7 +107,7 @@ def _from_header(header: dict, tensors: dict) -> KVTable:
     sinks = int(header["sink_tokens"])
     if sinks < 0:
         raise TQError(f"sink_tokens {sinks} is negative")
-    recent = int(header.get("recent_tokens", 1))  # tables before the recent window: own position
+    recent = int(header.get("recent_tokens", 1))  # a table without the field: own position alone
     if not 1 <= recent <= MAX_RECENT_TOKENS:
         raise TQError(f"recent_tokens {recent} lies outside 1..{MAX_RECENT_TOKENS}")
     return KVTable(fp, layers, sinks, str(header["kv_bits"]), dict(header.get("calibration", {})),

@@ -6,11 +6,10 @@ import json
 
 import click
 
-from ..core.rotary_mean import MAX_ROTARY_PAIRS
-from ..core.spec import parse_kv_bits
+from ..core.spec import MAX_ROTARY_PAIRS
 from ..eval.run_record import run_metadata
 from ..serving.bench import serve as serve_command
-from .common import clean_errors
+from .common import clean_errors, kv_widths
 
 ROTARY = click.option("--rotary-pairs", type=click.IntRange(0, MAX_ROTARY_PAIRS), default=0,
                       show_default=True,
@@ -27,8 +26,8 @@ BITS = click.option("--bits", default="3", show_default=True,
 JSON_ROWS = click.option("--json", "as_json", is_flag=True, help="One JSON object per row.")
 L2_FLUSH = click.option("--l2-flush", type=click.Choice(["read", "write"]), default="read", show_default=True,
                         help="How the L2 is emptied before each timed launch: read a large buffer "
-                             "(leaves it clean), or write one (the method up to session 17: leaves "
-                             "dirty lines whose write-back slows a bandwidth-bound baseline).")
+                             "(leaves it clean), or write one (leaves dirty lines whose write-back slows "
+                             "a bandwidth-bound baseline: docs/BENCHMARKS.md#the-l2-flush).")
 
 
 def _parse_pairs(text: str) -> list[tuple[int, int]]:
@@ -42,7 +41,7 @@ def _parse_pairs(text: str) -> list[tuple[int, int]]:
 
 def _parse_widths(text: str) -> list[tuple[float, float]]:
     """'3,k5v3' -> [(3.0, 3.0), (5.0, 3.0)] (key, value widths)."""
-    return [parse_kv_bits(item) for item in text.split(",")]
+    return [kv_widths(item, "--bits") for item in text.split(",")]
 
 
 def _echo_rows(rows, as_json: bool) -> None:

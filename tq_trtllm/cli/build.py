@@ -7,19 +7,17 @@ from pathlib import Path
 
 import click
 
-from ..calibration.calibrate import CalibrationOptions, calibrate
-from ..calibration.table import MAX_RECENT_TOKENS, oblivious_table
+from ..calibration.options import MAX_RECENT_TOKENS, CalibrationOptions
 from ..core.errors import TQError
-from ..core.rotary_mean import MAX_ROTARY_PAIRS
-from ..core.spec import SUPPORTED_WIDTHS, parse_kv_bits
+from ..core.spec import MAX_ROTARY_PAIRS, SUPPORTED_WIDTHS
 from ..eval.corpus import CALIBRATION_BOOK, read_corpus
+from ..models.checkpoint import check_checkpoint
 from ..models.registry import FAMILIES, get_family
 from ..trtllm.cli_options import prepare_trtllm_build, trtllm_build_options
-from .common import clean_errors, token_lengths
+from .common import check_output_dir, clean_errors, kv_widths, token_lengths
 
 BACKENDS = ("auto", "hf", "trtllm")
-MIN_WIDTH = 2.0
-MAX_WIDTH = max(SUPPORTED_WIDTHS)
+BUILD_WIDTHS = tuple(w for w in SUPPORTED_WIDTHS if w >= 2.0)  # below 2 bits: too lossy to ship
 
 
 def default_calibration_text() -> tuple[str, str]:
@@ -31,6 +29,15 @@ def default_calibration_text() -> tuple[str, str]:
         from pydoc_data.topics import topics
 
         return "\n\n".join(topics.values()), "Python reference manual (pydoc_data.topics)"
+
+
+def calibration_summary(calibration: dict) -> str:
+    """Which text the tables were calibrated on, and how much of it, in one line."""
+    if calibration.get("mode") != "calibrated":
+        return "none (--oblivious: the format's defaults, no calibration data)"
+    window = calibration["window"]
+    return (f"{calibration['source']}, {calibration['tokens']:,} tokens "
+            f"({calibration['tokens'] // window} windows of {window})")
 
 
 def _scale_lengths(text: str) -> tuple[int, ...] | None:
@@ -84,13 +91,13 @@ def _scale_lengths(text: str) -> tuple[int, ...] | None:
               show_default=True,
               help="Positions the key mean and the outlier channels stand for (RoPE turns queries "
                    "and keys further at later positions), and the key scale with "
-                   "--key-scale-lengths context; at most the model's context limit (docs/QUALITY.md, "
-                   "sessions 9, 30 and 31).")
+                   "--key-scale-lengths context; at most the model's context limit "
+                   "(docs/QUALITY.md#statistics-context).")
 @click.option("--key-scale-lengths", default="auto", show_default=True,
               help="Prompt lengths the per-channel key scale is balanced over, comma-separated (each "
                    "length's key logit error against its own optimum counts alike); auto: powers of "
                    "two from 1024 to the model's context; context: fitted to the --stats-context "
-                   "positions alone (docs/QUALITY.md, session 31).")
+                   "positions alone (docs/QUALITY.md#key-scale-balanced-over-lengths).")
 @click.option("--seed", type=click.IntRange(0, 2**31), default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
 @trtllm_build_options
@@ -99,24 +106,24 @@ def main(family, kv_bits, checkpoint, calib_text, backend, output, oblivious, si
          recent_tokens, key_mean, key_scale, value_mean, value_scale, per_layer, calib_windows,
          retrieval_windows, page_shift, rotary_pairs, stats_context, key_scale_lengths, seed, as_json):
     family = get_family(family).name
-    key_w, value_w = parse_kv_bits(kv_bits)
-    if min(key_w, value_w) < MIN_WIDTH:
-        raise TQError(f"--kv-bits {kv_bits}: tq-build takes widths from {MIN_WIDTH:g} to {MAX_WIDTH:g} bits "
-                      "(below 2 bits the cache loses too much to be useful)")
+    key_w, value_w = kv_widths(kv_bits, "--kv-bits", BUILD_WIDTHS,
+                               why=" (below 2 bits the cache loses too much to be useful)")
     trtllm = None
     if backend == "trtllm":  # TensorRT-LLM and the plugin's needs checked before any calibration
         trtllm = prepare_trtllm_build(click.get_current_context(), family)
         sink_tokens, recent_tokens, per_layer = trtllm.sink_tokens, trtllm.recent_tokens, trtllm.per_layer
     backend = "trtllm" if trtllm else "hf"
     tag = str(kv_bits).strip().lower()
+    # every check that needs no model, before the model loads and the calibration runs
     output = Path(output) if output else Path("engines") / f"{family}-kv{tag}"
-    if output.exists():
-        raise TQError(f"output {output} already exists; remove it or choose another --output")
-    if checkpoint is not None and not Path(checkpoint).exists():
-        raise TQError(f"checkpoint {checkpoint} does not exist")
+    check_output_dir(output)
+    check_checkpoint(checkpoint)  # a GGUF file or a model directory, before it loads
+    scale_lengths = _scale_lengths(key_scale_lengths)
     text, source = (read_corpus(calib_text) if calib_text else default_calibration_text()) \
         if not oblivious else (None, None)
 
+    from ..calibration.calibrate import calibrate
+    from ..calibration.table import oblivious_table
     from ..engine import write_engine
     from ..models.checkpoint import load_model
     from ..models.fingerprint import fingerprint
@@ -131,7 +138,7 @@ def main(family, kv_bits, checkpoint, calib_text, backend, output, oblivious, si
                                   windows=calib_windows, retrieval_windows=retrieval_windows,
                                   page_shift=page_shift, rotary_pairs=rotary_pairs,
                                   stats_context=stats_context,
-                                  key_scale_lengths=_scale_lengths(key_scale_lengths), seed=seed)
+                                  key_scale_lengths=scale_lengths, seed=seed)
         table = calibrate(loaded, text, tag, opts, source=source, progress=not as_json)
     manifest = (trtllm.build(output, family, checkpoint, loaded, table) if trtllm
                 else write_engine(output, family, checkpoint, backend, table))
@@ -141,6 +148,7 @@ def main(family, kv_bits, checkpoint, calib_text, backend, output, oblivious, si
     avg = manifest["average_widths"]
     click.echo(f"engine written to {output}")
     click.echo(f"  model {family} ({loaded.checkpoint.name}), backend {backend}")
+    click.echo(f"  calibration text: {calibration_summary(table.calibration)}")
     click.echo(f"  widths: keys {avg['key']:.2f}, values {avg['value']:.2f} code bits on average; "
                f"{manifest['effective_bits']['bits']:.3f} effective bits per coordinate at "
                f"{manifest['effective_bits']['context']} tokens")

@@ -9,23 +9,22 @@ from pathlib import Path
 import click
 
 from ..core.errors import TQError
-from ..eval.baselines import BASELINES
 from ..eval.corpus import EVALUATION_BOOK, read_corpus
-from ..eval.needle import ALL, DEPTHS
+from ..eval.choices import BASELINE_NAMES, DEPTHS
 from ..eval.run_record import run_metadata
-from ..integrations.cache import CHUNK_READS
+from ..integrations.attention import CHUNK_READS
 from ..trtllm.cli_backend import backend_option, needle_trtllm, ppl_trtllm
-from .common import clean_errors, comma_list, device_option, place_model, token_lengths
+from .common import (check_device, clean_errors, comma_list, device_option, place_model,
+                     token_lengths)
 
 
 BASELINE_HELP = "Also measure a reference cache (repeatable): eval/baselines.py."
 
 
-def _open_engines(paths):
-    """Engines that share one model, loaded once: (loaded model, [(name, manifest, table)])."""
-    from ..calibration.tables_io import load_table
-    from ..engine import open_engine, read_manifest, tables_path
-    from ..models.fingerprint import fingerprint
+def _check_engines(paths) -> list[tuple[str, dict, object]]:
+    """(name, manifest, table) of each engine, every one validated before the model loads: one
+    model for all, distinct directory names (results are keyed by them)."""
+    from ..engine import check_engine
 
     if not paths:
         raise TQError("give at least one --engine")
@@ -33,16 +32,24 @@ def _open_engines(paths):
     if len(set(names)) != len(names):  # results are keyed by name: one would hide another
         raise TQError(f"engines {', '.join(paths)} share a directory name; compare engines whose "
                       "directories have distinct names")
-    first = open_engine(paths[0])
-    out = [(Path(paths[0]).name, first.manifest, first.table)]
-    fp = fingerprint(first.loaded.family.name, first.loaded.config)
-    for path in paths[1:]:
-        manifest = read_manifest(Path(path))
-        if (manifest["model"], manifest.get("checkpoint")) != (first.manifest["model"],
-                                                                first.manifest.get("checkpoint")):
+    checked = [(name, *check_engine(path)) for name, path in zip(names, paths)]
+    model = lambda manifest: (manifest["model"], manifest.get("checkpoint"))  # noqa: E731
+    for path, (_, manifest, _) in zip(paths[1:], checked[1:]):
+        if model(manifest) != model(checked[0][1]):
             raise TQError(f"engine {path} is for another model than {paths[0]}; compare engines of one model")
-        out.append((Path(path).name, manifest, load_table(tables_path(path, manifest), fp)))
-    return first.loaded, out
+    return checked
+
+
+def _load_model(paths, checked):
+    """The engines' one model, loaded once; every table checked against it."""
+    from ..engine import check_model, tables_path
+    from ..models.checkpoint import load_model
+
+    manifest = checked[0][1]
+    loaded = load_model(manifest["model"], manifest.get("checkpoint"))
+    for path, (_, manifest, table) in zip(paths, checked):
+        check_model(tables_path(path, manifest), table, loaded)
+    return loaded
 
 
 def _table_digest(path, manifest) -> str:
@@ -57,7 +64,7 @@ def _table_digest(path, manifest) -> str:
 @click.command(help="Perplexity and top-1 agreement: FP16 cache vs the engine's cache, same windows.")
 @click.option("--engine", "engines", multiple=True, type=click.Path(), required=True,
               help="Engine directory; repeat to compare several engines of one model.")
-@click.option("--baseline", "baselines", multiple=True, type=click.Choice(sorted(BASELINES)),
+@click.option("--baseline", "baselines", multiple=True, type=click.Choice(sorted(BASELINE_NAMES)),
               help=BASELINE_HELP)
 @click.option("--corpus", default=f"austen:{EVALUATION_BOOK}", show_default=True,
               help="Text file, or austen:BOOK (held out from the calibration book).")
@@ -73,7 +80,9 @@ def ppl(engines, baselines, corpus, max_tokens, window, as_json, device):
     from ..eval.perplexity import baseline_method, compare_caches, engine_method
 
     text, source = read_corpus(corpus)
-    loaded, opened = _open_engines(engines)
+    check_device(device)
+    opened = _check_engines(engines)
+    loaded = _load_model(engines, opened)
     if window > loaded.max_context:
         raise TQError(f"--window {window} exceeds the model's context of {loaded.max_context} tokens")
     windows = token_windows(loaded.tokenizer, text, window, max_tokens // window)
@@ -134,7 +143,7 @@ def _depths(text: str) -> list[float]:
                    "stretch per prompt (default: one short passage repeated, whose prompts of one "
                    "length answer alike).")
 @click.option("--baseline", "baselines", multiple=True,
-              type=click.Choice(sorted(set(BASELINES) - {"fp16"})), help=BASELINE_HELP)
+              type=click.Choice(sorted(set(BASELINE_NAMES) - {"fp16"})), help=BASELINE_HELP)
 @click.option("--graded", is_flag=True,
               help="Also score each prompt by the key's teacher-forced log-probability under each "
                    "cache (one more forward pass per prompt and cache) and report its mean change "
@@ -147,8 +156,8 @@ def _depths(text: str) -> list[float]:
 @click.option("--chunk-reads", type=click.Choice(CHUNK_READS), default="exact", show_default=True,
               help="How each cache reads a prompt's own tokens while it prefills: exact (as "
                    "computed, as a context phase over fresh K and V does, the runtime's default) "
-                   "or cache (through the cache, as decode steps would; the protocol of "
-                   "docs/QUALITY.md up to session 38). The answers read the prompt through the "
+                   "or cache (through the cache, as decode steps would: the 'old protocol' of "
+                   "docs/QUALITY.md#passkey-retrieval). The answers read the prompt through the "
                    "cache either way.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object (with every prompt's answers under 'answers').")
@@ -160,7 +169,7 @@ def needle(engines, lengths, seeds, depths, filler, baselines, graded, rows_file
     from tqdm import tqdm
 
     from ..eval.baselines import RoundtripCache
-    from ..eval.needle import check_length, graded_changes, paired_changes, passkey_accuracy
+    from ..eval.needle import ALL, check_length, graded_changes, paired_changes, passkey_accuracy
     from ..eval.needle_rows import append_rows, read_rows
     from ..integrations.cache import TurboQuantCache
 
@@ -170,7 +179,10 @@ def needle(engines, lengths, seeds, depths, filler, baselines, graded, rows_file
         if Path(e).name in ("fp16", *baselines):
             raise TQError(f"an engine directory is named '{Path(e).name}', the name of a reference "
                           "cache's results; rename the directory")
-    loaded, opened = _open_engines(engines)
+    check_device(device)
+    opened = _check_engines(engines)
+    filler_text, source = read_corpus(filler) if filler is not None else (None, "repeated passage")
+    loaded = _load_model(engines, opened)
     for n in lengths:
         check_length(n, loaded.max_context, 8)
     backend = "kernels" if place_model(loaded.model, device) else "reference"
@@ -181,10 +193,9 @@ def needle(engines, lengths, seeds, depths, filler, baselines, graded, rows_file
     for name, _, table in opened:
         factories[name] = lambda table=table: TurboQuantCache(table, backend=backend,
                                                               chunk_reads=chunk_reads)
-    corpus_ids, source = None, "repeated passage"
-    if filler is not None:
-        text, source = read_corpus(filler)
-        corpus_ids = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
+    corpus_ids = None
+    if filler_text is not None:
+        corpus_ids = loaded.tokenizer(filler_text, add_special_tokens=False)["input_ids"]
     known, on_seed = {}, None
     if rows_file is not None:
         run = {"caches": list(factories), "filler": source, "graded": graded, "backend": backend,

@@ -8,7 +8,7 @@ import click
 
 from ..core.errors import TQError
 from ..trtllm.cli_backend import backend_option, run_trtllm
-from .common import clean_errors, device_option, place_model
+from .common import check_device, clean_errors, device_option, place_model
 
 
 def prompt_ids(tokenizer, prompt: str, chat: bool):
@@ -32,13 +32,14 @@ def prompt_ids(tokenizer, prompt: str, chat: bool):
 def main(engine_dir, prompt, max_new_tokens, chat, device, as_json):
     if not prompt.strip():
         raise TQError("the prompt is empty")
+    check_device(device)
     import torch
 
     from ..engine import open_engine
     from ..integrations.attention import use_turboquant_attention
     from ..integrations.cache import TurboQuantCache
 
-    engine = open_engine(engine_dir)
+    engine = open_engine(engine_dir)  # the manifest and tables checked before the model loads
     loaded = engine.loaded
     on_gpu = place_model(loaded.model, device)
     ids = prompt_ids(loaded.tokenizer, prompt, chat).to(loaded.model.device)
@@ -55,11 +56,38 @@ def main(engine_dir, prompt, max_new_tokens, chat, device, as_json):
     result = {"text": text, "prompt_tokens": int(ids.shape[1]),
               "new_tokens": int(out.shape[1] - ids.shape[1]), "cached_tokens": cache.get_seq_length(),
               "kv_bytes": cache.stored_bytes(), "kv_bytes_fp16": cache.fp16_bytes(),
+              **fp16_rows(engine.table, cache.get_seq_length()),
               "backend": "kernels" if on_gpu else "reference"}
     if as_json:
         click.echo(json.dumps(result))
         return
     click.echo(text)
-    click.echo(f"\nKV cache: {result['kv_bytes']:,} bytes for {result['cached_tokens']} tokens; an FP16 "
-               f"cache would hold {result['kv_bytes_fp16']:,} bytes "
-               f"({result['kv_bytes_fp16'] / max(result['kv_bytes'], 1):.2f}x larger)")
+    click.echo("\n" + kv_bytes_text(result))
+
+
+def fp16_rows(table, tokens: int) -> dict:
+    """What a sequence of `tokens` keeps in fp16 beside the pages (its sink tokens and the recent
+    window's rows, which the pages hold too), and the cache's size ratio to FP16 once the sequence
+    is long enough for each further token to cost its packed bytes alone (the steady state)."""
+    sinks = min(tokens, table.sink_tokens)
+    recent = min(tokens - sinks, table.recent_tokens - 1)
+    per_fp16_token = len(table.layers) * table.kv_heads * table.fp16_token_bytes()
+    long = table.sink_tokens + table.recent_tokens
+    return {"fp16_rows": {"sink": sinks, "recent": recent,
+                          "bytes": (sinks + recent) * per_fp16_token},
+            "steady_state_ratio": per_fp16_token / (table.cache_bytes(long + 1) - table.cache_bytes(long))}
+
+
+def kv_bytes_text(r: dict) -> str:
+    rows = r["fp16_rows"]
+    lines = [f"KV cache: {r['kv_bytes']:,} bytes for {r['cached_tokens']} tokens; an FP16 cache would "
+             f"hold {r['kv_bytes_fp16']:,} bytes ({r['kv_bytes_fp16'] / max(r['kv_bytes'], 1):.2f}x "
+             "larger)."]
+    if rows["bytes"]:
+        share = rows["bytes"] / max(r["kv_bytes"], 1)
+        lines.append(f"  {rows['sink']} sink and {rows['recent']} recent tokens stay in FP16 beside the "
+                     f"pages ({rows['bytes']:,} bytes, {share:.0%} of the cache), so a short sequence "
+                     "compresses less;")
+    lines.append(f"  each further token is {r['steady_state_ratio']:.2f}x smaller than in FP16 (the "
+                 "steady-state ratio of long sequences).")
+    return "\n".join(lines)

@@ -16,10 +16,9 @@ from .codebook import lloyd_max, on_grid
 from .errors import TQError
 from .rotary_mean import RotaryMean
 from .rotation import dense_rotation, fwht, rotation_signs
-from .spec import CodecSpec, check_head_dim
+from .spec import ROTATIONS, CodecSpec, check_head_dim
 
 FP16_MAX = 65504.0
-ROTATIONS = ("hadamard", "dense")
 # What the per-group fp16 field stores (FORMAT.md step 4.5): "unbiased", the gain that keeps
 # <x, x_hat> = ||x||^2 (what the cache writes), or "norm", ||x|| as in the paper's TurboQuant-MSE.
 GAINS = ("unbiased", "norm")

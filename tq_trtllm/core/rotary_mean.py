@@ -18,8 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import TQError
-
-MAX_ROTARY_PAIRS = 16  # the kernels' limit (tq_kernels.h TQ_MAX_ROTARY_PAIRS)
+from .spec import MAX_ROTARY_PAIRS  # noqa: F401  (defined in spec.py, torch-free)
 
 
 @dataclass

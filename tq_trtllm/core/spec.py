@@ -17,6 +17,8 @@ SUPPORTED_WIDTHS = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0)
 NORM_BYTES = 2  # one fp16 norm per group and token
 # Bit planes of each code width, low bits first (FORMAT.md section 3).
 PLANES = {1: (1,), 2: (2,), 3: (2, 1), 4: (4,), 5: (4, 1)}
+MAX_ROTARY_PAIRS = 16  # the kernels' limit (tq_kernels.h TQ_MAX_ROTARY_PAIRS)
+ROTATIONS = ("hadamard", "dense")  # the quantizer's rotations (the format uses hadamard)
 
 
 def check_format_version(version: int) -> None:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
-from ..core.quantizer import ProdCodec, VectorCodec
 from ..core.spec import CodecSpec
 
 # mse: the paper's TurboQuant-MSE (gain = norm); unbiased: the same codes with the gain the cache
@@ -15,6 +12,10 @@ KINDS = ("mse", "unbiased", "prod")
 def measure_distortion(bits: int, dim: int, kind: str = "mse", rotation: str = "hadamard",
                        samples: int = 100_000, seed: int = 0, batch: int = 20_000) -> dict:
     """E||x - x_hat||^2 over random unit x, and the error of <y, x_hat> - <y, x> for random unit y."""
+    import torch  # here, not at import: tq-eval --help stays torch-free
+
+    from ..core.quantizer import ProdCodec, VectorCodec
+
     codec = ProdCodec(dim, bits, seed=seed, rotation=rotation) if kind == "prod" else \
         VectorCodec(CodecSpec(dim, bits), seed=seed, rotation=rotation,
                     gain="norm" if kind == "mse" else "unbiased")

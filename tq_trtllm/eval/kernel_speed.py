@@ -68,9 +68,9 @@ class Row:
 
 class Timer:
     """flush: how the L2 is emptied before each launch. "read" reads a buffer five times its size,
-    which leaves it clean; "write" (zeroing the buffer, the method up to session 17) leaves it
-    full of dirty lines, whose write-back then takes HBM bandwidth from the timed launch, which
-    slows a bandwidth-bound baseline more than the kernels (docs/BENCHMARKS.md, session 18)."""
+    which leaves it clean; "write" (zeroing the buffer) leaves it full of dirty lines, whose
+    write-back then takes HBM bandwidth from the timed launch, which slows a bandwidth-bound
+    baseline more than the kernels (docs/BENCHMARKS.md#the-l2-flush)."""
 
     def __init__(self, iters: int, warmup: int = 3, flush: str = "read"):
         self.iters, self.warmup = iters, warmup

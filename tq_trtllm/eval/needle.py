@@ -9,11 +9,11 @@ import torch
 
 from ..core.errors import TQError
 from ..integrations.attention import use_turboquant_attention
+from .choices import DEPTHS
 from .paired import mean_ci95, sign_test_p
 
 FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ")
 QUESTION = "\nWhat is the pass key? The pass key is"
-DEPTHS = (0.1, 0.5, 0.9)
 
 
 def passkey_prompt(tokenizer, length: int, depth: float, key: str,
@@ -62,7 +62,7 @@ def passkey_accuracy(model, tokenizer, lengths, cache_factories: dict, seeds=(0,
 
     corpus_ids: tokens of running text; each prompt's filler is then its own stretch of it (the
     row's filler_start), so the prompts of a length are not one filler with different keys, whose
-    answers move together (docs/QUALITY.md, session 10). None: FILLER repeated, as before.
+    answers move together (docs/QUALITY.md#passkey-retrieval). None: FILLER repeated.
     graded: each row also holds every cache's key_log_prob (see there) under "key_log_prob".
     known: (seed, length, depth) -> a row of an earlier run of the same caches (needle_rows), taken
     instead of running that prompt again. on_seed(rows): called with each seed's newly run rows."""

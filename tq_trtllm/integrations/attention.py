@@ -16,6 +16,8 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 ATTENTION_NAME = "turboquant"
+# how a step's rows read the step's other positions: as computed, or through the cache
+CHUNK_READS = ("exact", "cache")
 _observers: list = []
 
 

@@ -30,10 +30,10 @@ from ..calibration.table import KVTable
 from ..core.errors import TQError
 from ..core.paged import PagedLayerCache
 from ..core.quantizer import check_finite
+from .attention import CHUNK_READS  # how a step's rows read the step's other positions (see above)
 
 TOKENS_PER_BLOCK = 16
 BACKENDS = ("auto", "kernels", "reference")
-CHUNK_READS = ("exact", "cache")  # how a step's rows read the step's other positions (see above)
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 
 

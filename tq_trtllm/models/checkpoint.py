@@ -80,6 +80,14 @@ def _source(checkpoint: Path) -> tuple[str, dict]:
     return str(checkpoint), {}
 
 
+def check_checkpoint(checkpoint: str | Path | None) -> Path:
+    """The checkpoint that load_model would read (None: the embedded default), refused here if it
+    is neither a GGUF file nor a model directory: a check that loads nothing."""
+    path = Path(checkpoint).expanduser().resolve() if checkpoint else default_checkpoint()
+    _source(path)
+    return path
+
+
 def load_model(family_name: str, checkpoint: str | Path | None = None) -> LoadedModel:
     """Load the family's checkpoint (default: the embedded SmolLM2) in float32, eval mode, on CPU."""
     family = get_family(family_name)

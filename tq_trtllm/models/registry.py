@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from ..core.errors import TQError
 
 
@@ -68,4 +66,6 @@ def rotary_frequencies(model) -> torch.Tensor:
     if float(getattr(rotary, "attention_scaling", 1.0)) != 1.0:
         raise TQError("the model's RoPE scales cos and sin (attention_scaling != 1), which the "
                       "calibration's statistics do not model; use --oblivious (no calibration)")
+    import torch  # here, not at import: the command-line tools' --help stays torch-free
+
     return rotary.inv_freq.detach().to("cpu", torch.float64)

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import click
 from click.core import ParameterSource
 
 from ..core.errors import TQError
-from .builder import TrtllmBuildOptions
 from .requirement import require_tensorrt_llm
+
+if TYPE_CHECKING:  # the builder needs torch: imported when a build runs, so --help stays quick
+    from .builder import TrtllmBuildOptions
 
 META_KEY = "tq_trtllm.trtllm_options"
 _OPTIONS = (
@@ -76,6 +79,8 @@ def prepare_trtllm_build(ctx: click.Context, family: str) -> TrtllmBuild:
         if ctx.get_parameter_source(name) != ParameterSource.DEFAULT and given != needed:
             flag = ("--per-layer" if name == "per_layer" else "--" + name.replace("_", "-"))
             raise click.UsageError(f"{flag} cannot be used with --backend trtllm: {why}")
+    from .builder import TrtllmBuildOptions
+
     options = TrtllmBuildOptions(tp_size=values.get("tp_size", 1), max_batch_size=values.get("max_batch_size", 8),
                                  max_seq_len=values.get("max_seq_len", 4096),
                                  tokens_per_block=values.get("tokens_per_block", 64),
