@@ -72,6 +72,8 @@ def ppl_trtllm(engines, baselines, corpus, max_tokens, window, as_json, device, 
         raise TQError("--backend trtllm measures one --engine at a time")
     forcing = TeacherForcing()
     opened = open_engine(engines[0], logits_processors={FORCING: forcing}, what="tq-eval ppl --backend trtllm")
+    if opened.rank != 0:  # the other ranks' executors serve rank 0's requests until it shuts down
+        return
     if window > opened.manifest["trtllm"]["max_seq_len"]:
         raise TQError(f"--window {window} exceeds the engine's --max-seq-len {opened.manifest['trtllm']['max_seq_len']}")
     text, source = read_corpus(corpus)
@@ -86,8 +88,6 @@ def ppl_trtllm(engines, baselines, corpus, max_tokens, window, as_json, device, 
         nll, top = window_nll(opened, forcing, ids.tolist())
         quant.append(nll)
         agree.append(sum(int(a == b) for a, b in zip(top, logits.argmax(-1).tolist())) / len(top))
-    if opened.rank != 0:
-        return
     import math
 
     mean, low, high = mean_ci95([q - b for q, b in zip(quant, base)])
@@ -126,6 +126,8 @@ def needle_trtllm(engines, lengths, seeds, depths, filler, baselines, graded, ro
 
     lengths, seeds, depths = token_lengths(lengths), _seeds(seeds), _depths(depths)
     opened = open_engine(engines[0], what="tq-eval needle --backend trtllm")
+    if opened.rank != 0:  # the other ranks' executors serve rank 0's requests until it shuts down
+        return
     for n in lengths:
         check_length(n, opened.manifest["trtllm"]["max_seq_len"], 8)
     corpus_ids = None
@@ -143,8 +145,6 @@ def needle_trtllm(engines, lengths, seeds, depths, filler, baselines, graded, ro
                                      None if start is None else corpus_ids[start:start + n])[0].tolist()
                 answer = opened.tokenizer.decode(generate(opened, ids, 8)["ids"])
                 hits[n].append(key in answer)
-    if opened.rank != 0:
-        return
     accuracy = {n: sum(h) / len(h) for n, h in hits.items()}
     if as_json:
         click.echo(json.dumps({"backend": "trtllm", "engine": opened.path.name, "lengths": lengths,

@@ -40,7 +40,9 @@ def load_tokenizer(path: Path, manifest: dict):
 def open_engine(engine_dir, *, max_input_len: int | None = None, max_output_len: int | None = None,
                 logits_processors: dict | None = None, what: str = "--backend trtllm") -> OpenedEngine:
     """The engine's ModelRunnerCpp on this MPI rank: block reuse (and with it partial reuse), chunked
-    context and CUDA graphs off (docs/TRTLLM.md says why)."""
+    context and CUDA graphs off (docs/TRTLLM.md says why). max_input_len / max_output_len: the
+    longest prompt and the most new tokens (their sum at most the engine's max_seq_len; None: the
+    engine's limits)."""
     require_tensorrt_llm(what)
     path = Path(engine_dir)
     manifest = read_trtllm_manifest(path)
@@ -55,8 +57,7 @@ def open_engine(engine_dir, *, max_input_len: int | None = None, max_output_len:
     kwargs = {"logits_processor_map": logits_processors} if logits_processors else {}
     runner = ModelRunnerCpp.from_dir(
         engine_dir=str(path), rank=mpi_rank(), max_batch_size=1, max_beam_width=1,
-        max_input_len=max_input_len or section["max_seq_len"] - 1,
-        max_output_len=max_output_len or section["max_seq_len"],
+        max_input_len=max_input_len, max_output_len=max_output_len,
         kv_cache_enable_block_reuse=False, enable_chunked_context=False, cuda_graph_mode=False,
         gather_generation_logits=True, **kwargs)
     return OpenedEngine(path, manifest, runner, load_tokenizer(path, manifest), mpi_rank())
@@ -75,6 +76,8 @@ def generate(opened: OpenedEngine, ids: list[int], max_new_tokens: int, *, logit
         end_id=end_id, pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
         top_k=1, num_beams=1, return_dict=True, output_sequence_lengths=True,
         output_generation_logits=logits, **kwargs)
+    if isinstance(out, list) and not out:  # ranks above 0 of a tensor-parallel engine enqueue nothing
+        return {"ids": [], "logits": None}
     torch.cuda.synchronize()
     length = int(out["sequence_lengths"][0][0])
     result = {"ids": out["output_ids"][0][0][len(ids):length].tolist()}
