@@ -20,7 +20,7 @@ def main(argv: list[str]) -> int:
 
     ids = json.loads(Path(prompt).read_text())
     opened = open_engine(engine, max_input_len=len(ids), max_output_len=len(ids) + int(new_tokens),
-                         what="tq-eval trtllm-check")
+                         what="tq-eval trtllm-check", gather_logits=True)
     result = generate(opened, ids, int(new_tokens), logits=True, stop_at_eos=False)
     if opened.rank == 0:
         np.savez(out, tokens=np.array(result["ids"], dtype=np.int64), logits=result["logits"].numpy())

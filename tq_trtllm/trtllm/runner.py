@@ -38,7 +38,8 @@ def load_tokenizer(path: Path, manifest: dict):
 
 
 def open_engine(engine_dir, *, max_input_len: int | None = None, max_output_len: int | None = None,
-                logits_processors: dict | None = None, what: str = "--backend trtllm") -> OpenedEngine:
+                logits_processors: dict | None = None, what: str = "--backend trtllm",
+                gather_logits: bool = False) -> OpenedEngine:
     """The engine's ModelRunnerCpp on this MPI rank: block reuse (and with it partial reuse), chunked
     context and CUDA graphs off (docs/TRTLLM.md says why). max_input_len / max_output_len: the
     longest prompt and the most new tokens (their sum at most the engine's max_seq_len; None: the
@@ -59,7 +60,7 @@ def open_engine(engine_dir, *, max_input_len: int | None = None, max_output_len:
         engine_dir=str(path), rank=mpi_rank(), max_batch_size=1, max_beam_width=1,
         max_input_len=max_input_len, max_output_len=max_output_len,
         kv_cache_enable_block_reuse=False, enable_chunked_context=False, cuda_graph_mode=False,
-        gather_generation_logits=True, **kwargs)
+        gather_generation_logits=gather_logits, **kwargs)
     return OpenedEngine(path, manifest, runner, load_tokenizer(path, manifest), mpi_rank())
 
 
