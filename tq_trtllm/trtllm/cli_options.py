@@ -87,4 +87,7 @@ def prepare_trtllm_build(ctx: click.Context, family: str) -> TrtllmBuild:
                                  dtype=values.get("trtllm_dtype", "float16"))
     if options.tokens_per_block % 16:
         raise click.UsageError(f"--tokens-per-block {options.tokens_per_block} must be a multiple of 16")
+    from .builder import check_model, read_config
+
+    check_model(read_config(ctx.params.get("checkpoint")), options)  # heads, head_dim, RoPE: before calibrating
     return TrtllmBuild(options)
