@@ -69,6 +69,8 @@ def test_models_the_plugin_cannot_split_or_serve_are_refused():
         check_model(llama_config(hidden_size=96, num_attention_heads=6, num_key_value_heads=3), TrtllmBuildOptions(tp_size=2))
     with pytest.raises(TQError, match="bias"):
         check_model(llama_config(attention_bias=True), TrtllmBuildOptions())
+    with pytest.raises(TQError, match="1 to 8 query heads per KV head"):
+        check_model(llama_config(hidden_size=1024, num_attention_heads=16, num_key_value_heads=1), TrtllmBuildOptions())
     with pytest.raises(TQError, match="head_dim 32"):
         check_model(llama_config(hidden_size=128), TrtllmBuildOptions())
     with pytest.raises(TQError, match="'yarn'"):

@@ -41,6 +41,7 @@ def write_hf_directory(loaded, directory: Path) -> Path:
 
 
 PLUGIN_HEAD_DIMS = (64, 128)
+MAX_GQA_GROUP = 8  # query heads per KV head the kernels take (docs/PLUGIN.md, fields)
 
 
 def check_model(hf_config, opts: TrtllmBuildOptions) -> None:
@@ -52,6 +53,10 @@ def check_model(hf_config, opts: TrtllmBuildOptions) -> None:
     if head_dim_of(hf_config) not in PLUGIN_HEAD_DIMS:
         raise TQError(f"head_dim {head_dim_of(hf_config)} is not supported by the QuantizedAttention plugin "
                       f"(it takes {' or '.join(map(str, PLUGIN_HEAD_DIMS))})")
+    group = hf_config.num_attention_heads // hf_config.num_key_value_heads
+    if hf_config.num_attention_heads % hf_config.num_key_value_heads or not 1 <= group <= MAX_GQA_GROUP:
+        raise TQError(f"{hf_config.num_attention_heads} query heads over {hf_config.num_key_value_heads} KV heads: "
+                      f"the QuantizedAttention plugin takes 1 to {MAX_GQA_GROUP} query heads per KV head")
     if getattr(hf_config, "attention_bias", False):
         raise TQError("attention with a qkv bias is not supported by the TensorRT-LLM path")
     rope_field_args(hf_config)
