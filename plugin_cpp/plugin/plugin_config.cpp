@@ -14,15 +14,27 @@ using nvinfer1::PluginFieldType;
 
 namespace {
 
-// One field: its name, type, whether it must be given, and where it lives in PluginConfig.
+// How a field's value is carried. Most are one value of one type; two fields also accept the
+// forms an ONNX node's attributes can carry (the ONNX parser's plugin fallback makes kINT32,
+// kFLOAT32, kCHAR and kINT8 fields only), so the same plugin imports from an ONNX graph.
+enum class FieldForm {
+  kScalar,       // exactly one value of `type`
+  kFingerprint,  // kINT64 x1, or kINT32 x2 (low, high 32 bits), or kCHAR (hexadecimal text)
+  kBytes,        // kUNKNOWN or kINT8, one or more bytes
+};
+
+// One field: its name, its canonical type (the one serialized), whether it must be given, and
+// where it lives in PluginConfig.
 struct FieldSpec {
   char const* name;
   PluginFieldType type;
   bool required;
   size_t offset;  // offsetof(PluginConfig, member); unused for the table
+  FieldForm form;
 };
 
-#define TQ_FIELD(name, type, required, member) {name, PluginFieldType::type, required, offsetof(PluginConfig, member)}
+#define TQ_FIELD(name, type, required, member) \
+  {name, PluginFieldType::type, required, offsetof(PluginConfig, member), FieldForm::kScalar}
 constexpr char kTableField[] = "calibration_table";
 FieldSpec const kFields[] = {
     TQ_FIELD("num_q_heads", kINT32, true, numQHeads),
@@ -33,7 +45,8 @@ FieldSpec const kFields[] = {
     TQ_FIELD("key_width", kFLOAT32, true, keyWidth),
     TQ_FIELD("value_width", kFLOAT32, true, valueWidth),
     TQ_FIELD("rotation_seed", kINT32, true, rotationSeed),
-    TQ_FIELD("model_fingerprint", kINT64, true, modelFingerprint),
+    {"model_fingerprint", PluginFieldType::kINT64, true, offsetof(PluginConfig, modelFingerprint),
+     FieldForm::kFingerprint},
     TQ_FIELD("rope_base", kFLOAT32, true, rope.base),
     // Scaling fields are needed only by the scaling type that reads them (checked below).
     TQ_FIELD("rope_scaling_type", kINT32, false, rope.scaling),
@@ -41,24 +54,14 @@ FieldSpec const kFields[] = {
     TQ_FIELD("rope_low_freq_factor", kFLOAT32, false, rope.low_freq_factor),
     TQ_FIELD("rope_high_freq_factor", kFLOAT32, false, rope.high_freq_factor),
     TQ_FIELD("rope_original_max_positions", kINT32, false, rope.original_max_positions),
-    {kTableField, PluginFieldType::kUNKNOWN, true, 0},
+    {kTableField, PluginFieldType::kUNKNOWN, true, 0, FieldForm::kBytes},
 };
 #undef TQ_FIELD
-
-size_t elementBytes(PluginFieldType type) {
-  switch (type) {
-    case PluginFieldType::kINT64: return 8;
-    case PluginFieldType::kUNKNOWN: return 1;
-    default: return 4;
-  }
-}
 
 char const* typeName(PluginFieldType type) {
   switch (type) {
     case PluginFieldType::kINT32: return "kINT32";
-    case PluginFieldType::kINT64: return "kINT64";
     case PluginFieldType::kFLOAT32: return "kFLOAT32";
-    case PluginFieldType::kUNKNOWN: return "kUNKNOWN (bytes)";
     default: return "another type";
   }
 }
@@ -72,6 +75,48 @@ FieldSpec const* findSpec(char const* name) {
 bool fail(std::string& error, std::string const& field, std::string const& why) {
   error = "field '" + field + "' " + why;
   return false;
+}
+
+// `text` as it may be quoted in a one-line message: at most 40 characters, unprintable ones as '?'.
+std::string quoted(std::string const& text) {
+  std::string out;
+  for (char ch : text.substr(0, 40)) out += (ch >= 0x20 && ch < 0x7f) ? ch : '?';
+  return "'" + out + (text.size() > 40 ? "...'" : "'");
+}
+
+// The model fingerprint in any of its forms (FieldForm::kFingerprint).
+bool readFingerprint(PluginField const& f, int64_t& value, std::string& error) {
+  char const* const name = f.name;
+  switch (f.type) {
+    case PluginFieldType::kINT64:
+      if (f.length != 1) return fail(error, name, "of type kINT64 must hold exactly one value");
+      std::memcpy(&value, f.data, sizeof(value));
+      return true;
+    case PluginFieldType::kINT32: {
+      if (f.length != 2)
+        return fail(error, name, "of type kINT32 must hold two values (low, high 32 bits), not " +
+                                     std::to_string(f.length));
+      uint32_t half[2];
+      std::memcpy(half, f.data, sizeof(half));
+      value = int64_t(uint64_t(half[0]) | uint64_t(half[1]) << 32);
+      return true;
+    }
+    case PluginFieldType::kCHAR: {
+      auto const* chars = static_cast<char const*>(f.data);
+      std::string text(chars, chars + f.length);
+      if (!text.empty() && text.back() == '\0') text.pop_back();  // the ONNX parser appends one
+      bool prefixed = text.size() > 2 && text[0] == '0' && (text[1] == 'x' || text[1] == 'X');
+      std::string digits = prefixed ? text.substr(2) : text;
+      if (digits.empty() || digits.size() > 16 || digits.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
+        return fail(error, name, "is " + quoted(text) + ", not a 64-bit hexadecimal number (1 to 16 hex digits, "
+                                 "optionally after 0x)");
+      value = int64_t(std::stoull(digits, nullptr, 16));
+      return true;
+    }
+    default:
+      return fail(error, name, "must have type kINT64 (one value), kINT32 (two values: low, high 32 bits) or "
+                               "kCHAR (hexadecimal text)");
+  }
 }
 
 std::string floatText(float value) {
@@ -161,14 +206,22 @@ bool parsePluginConfig(nvinfer1::PluginFieldCollection const* fc, PluginConfig& 
     FieldSpec const* spec = findSpec(f.name);
     if (!spec) return fail(error, f.name, "is not a field of QuantizedAttention");
     if (!given.insert(f.name).second) return fail(error, f.name, "is given twice");
-    if (f.type != spec->type) return fail(error, f.name, std::string("must have type ") + typeName(spec->type));
-    bool isTable = spec->type == PluginFieldType::kUNKNOWN;
-    if (!f.data || (isTable ? f.length <= 0 : f.length != 1))
-      return fail(error, f.name, isTable ? "holds no bytes" : "must hold exactly one value");
-    if (isTable)
-      c.tableBytes.assign(static_cast<uint8_t const*>(f.data), static_cast<uint8_t const*>(f.data) + f.length);
-    else
-      std::memcpy(reinterpret_cast<char*>(&c) + spec->offset, f.data, elementBytes(spec->type));
+    if (!f.data || f.length <= 0) return fail(error, f.name, "holds no value");
+    switch (spec->form) {
+      case FieldForm::kScalar:
+        if (f.type != spec->type) return fail(error, f.name, std::string("must have type ") + typeName(spec->type));
+        if (f.length != 1) return fail(error, f.name, "must hold exactly one value");
+        std::memcpy(reinterpret_cast<char*>(&c) + spec->offset, f.data, 4);
+        break;
+      case FieldForm::kFingerprint:
+        if (!readFingerprint(f, c.modelFingerprint, error)) return false;
+        break;
+      case FieldForm::kBytes:
+        if (f.type != PluginFieldType::kUNKNOWN && f.type != PluginFieldType::kINT8)
+          return fail(error, f.name, "must have type kUNKNOWN or kINT8 (its bytes)");
+        c.tableBytes.assign(static_cast<uint8_t const*>(f.data), static_cast<uint8_t const*>(f.data) + f.length);
+        break;
+    }
   }
   for (FieldSpec const& spec : kFields)
     if (spec.required && !given.count(spec.name)) return fail(error, spec.name, "is missing");
@@ -187,7 +240,7 @@ bool parsePluginConfig(nvinfer1::PluginFieldCollection const* fc, PluginConfig& 
 std::vector<PluginField> configFields(PluginConfig const& config) {
   std::vector<PluginField> fields;
   for (FieldSpec const& spec : kFields) {
-    if (spec.type == PluginFieldType::kUNKNOWN)
+    if (spec.form == FieldForm::kBytes)
       fields.emplace_back(spec.name, config.tableBytes.data(), spec.type, int32_t(config.tableBytes.size()));
     else
       fields.emplace_back(spec.name, reinterpret_cast<char const*>(&config) + spec.offset, spec.type, 1);

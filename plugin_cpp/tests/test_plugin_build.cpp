@@ -1,8 +1,9 @@
 // test_plugin_build.cpp: the plugin's build-time behaviour and field handling, on the CPU, with no
 // libnvinfer and no GPU (the kernel library is replaced by fake_tq_kernels.cpp).
-// Covers: creation from fields and the serialize -> recreate round trip, refusal of every kind of
-// bad field with a message naming it, the calibration table format, output types and shapes,
-// supported formats, workspace size, pool arithmetic and the batch plan.
+// Covers: creation from fields (canonical and ONNX-importable forms) and the serialize -> recreate
+// round trip, refusal of every kind of bad field with a message naming it, the calibration table
+// format and its version checks, messages through the logger TensorRT's ILoggerFinder gives, output
+// types and shapes, supported formats, workspace size, pool arithmetic and the batch plan.
 #include "batch_plan.h"
 #include "calib_table.h"
 #include "io_layout.h"
@@ -10,6 +11,7 @@
 #include "plugin_log.h"
 #include "plugin_shapes.h"
 #include "quantized_attention_plugin.h"
+#include "tq/tq_kernels.h"
 
 #include <cstdio>
 #include <cstring>
@@ -22,6 +24,7 @@ using namespace nvinfer1;
 using namespace tq::plugin;
 
 extern "C" IPluginCreatorInterface* const* getCreators(int32_t& nbCreators);
+extern "C" void setLoggerFinder(ILoggerFinder* finder);
 
 namespace {
 
@@ -124,6 +127,19 @@ struct FieldSet {
   }
 };
 
+// The fields an ONNX node's attributes carry (the parser's plugin fallback): the fingerprint as two
+// int32 values or hexadecimal text, the table as kINT8.
+void useFingerprintHalves(FieldSet& fs, int32_t (&halves)[2]) {
+  uint64_t v = uint64_t(fs.fingerprint);
+  halves[0] = int32_t(uint32_t(v));
+  halves[1] = int32_t(uint32_t(v >> 32));
+  *fs.field("model_fingerprint") = {"model_fingerprint", halves, PluginFieldType::kINT32, 2};
+}
+void useFingerprintText(FieldSet& fs, std::string const& text, bool withNul) {
+  *fs.field("model_fingerprint") = {"model_fingerprint", text.c_str(), PluginFieldType::kCHAR,
+                                    int32_t(text.size() + (withNul ? 1 : 0))};
+}
+
 IPluginCreatorV3One& creator() {
   int32_t n = 0;
   IPluginCreatorInterface* const* creators = getCreators(n);
@@ -222,17 +238,22 @@ void testCalibTableRoundTrip() {
   CHECK(parseCalibTable(bytes.data(), bytes.size(), back, error) && back.pageShift.empty());
 }
 
-// Creation must fail and the logged message must contain `expected` (the field's name, and more).
-void expectRefused(char const* what, std::function<void(FieldSet&)> tweak, std::string const& expected) {
+// Creation must fail and the message `logger` got must contain `expected` (the field's name, and more).
+void expectRefusedTo(CapturingLogger& logger, char const* what, std::function<void(FieldSet&)> tweak,
+                     std::string const& expected) {
   FieldSet fs;
   tweak(fs);
   gLogger.last.clear();
+  logger.last.clear();
   auto plugin = create(fs.collection(), TensorRTPhase::kBUILD);
-  bool named = gLogger.last.find(expected) != std::string::npos;
+  bool named = logger.last.find(expected) != std::string::npos;
   if (plugin || !named) {
-    std::printf("FAIL refusal '%s': created=%d, logged: %s\n", what, plugin != nullptr, gLogger.last.c_str());
+    std::printf("FAIL refusal '%s': created=%d, logged: %s\n", what, plugin != nullptr, logger.last.c_str());
     ++gFailures;
   }
+}
+void expectRefused(char const* what, std::function<void(FieldSet&)> tweak, std::string const& expected) {
+  expectRefusedTo(gLogger, what, std::move(tweak), expected);
 }
 
 void testFieldValidation() {
@@ -293,6 +314,180 @@ void testFieldValidation() {
   gLogger.last.clear();
   CHECK(creator().createPlugin("x", nullptr, TensorRTPhase::kBUILD) == nullptr);
   CHECK(gLogger.last.find("PluginFieldCollection") != std::string::npos);
+}
+
+// The ONNX-importable forms create the same plugin, and it serializes the canonical forms.
+void testOnnxFieldForms() {
+  for (int form = 0; form < 4; ++form) {
+    FieldSet fs;
+    int32_t halves[2];
+    std::string text = form == 1 ? "0x1234567890abcdef" : "1234567890ABCDEF";
+    if (form == 0) useFingerprintHalves(fs, halves);
+    if (form == 1 || form == 2) useFingerprintText(fs, text, form == 1);
+    PluginFieldCollection const* fc = fs.collection();
+    fs.field("calibration_table")->type = form == 3 ? PluginFieldType::kINT8 : PluginFieldType::kUNKNOWN;
+    gLogger.last.clear();
+    auto plugin = create(fc, TensorRTPhase::kBUILD);
+    if (!plugin) {
+      std::printf("FAIL ONNX field form %d refused: %s\n", form, gLogger.last.c_str());
+      ++gFailures;
+      continue;
+    }
+    CHECK(plugin->config().modelFingerprint == kFingerprint && plugin->config().tableBytes == fs.table);
+    PluginFieldCollection const* saved = plugin->getFieldsToSerialize();
+    for (int32_t i = 0; i < saved->nbFields; ++i) {
+      PluginField const& f = saved->fields[i];
+      if (std::strcmp(f.name, "model_fingerprint") == 0)
+        CHECK(f.type == PluginFieldType::kINT64 && f.length == 1 && *static_cast<int64_t const*>(f.data) == kFingerprint);
+      if (std::strcmp(f.name, "calibration_table") == 0)
+        CHECK(f.type == PluginFieldType::kUNKNOWN && f.length == int32_t(fs.table.size()));
+    }
+  }
+}
+
+void testOnnxFieldFormRefusals() {
+  int32_t halves[2];
+  std::string text;
+  expectRefused("fingerprint as one int32", [&](FieldSet& f) {
+    useFingerprintHalves(f, halves);
+    f.field("model_fingerprint")->length = 1;
+  }, "'model_fingerprint' of type kINT32 must hold two values");
+  expectRefused("fingerprint as float", [&](FieldSet& f) {
+    f.field("model_fingerprint")->type = PluginFieldType::kFLOAT32;
+  }, "'model_fingerprint' must have type kINT64 (one value), kINT32 (two values");
+  for (char const* bad : {"0x", "12345678x", "1234567890abcdef0", ""}) {
+    text = bad;
+    expectRefused("fingerprint text", [&](FieldSet& f) { useFingerprintText(f, text, true); },
+                  "'model_fingerprint' is '" + text + "', not a 64-bit hexadecimal number");
+  }
+  text = "1234567890abcdee";  // well formed, another model's
+  expectRefused("fingerprint text of another model", [&](FieldSet& f) { useFingerprintText(f, text, false); },
+                "'calibration_table' was made for model fingerprint");
+  int32_t halvesOther[2];
+  expectRefused("fingerprint halves swapped", [&](FieldSet& f) {
+    useFingerprintHalves(f, halves);
+    halvesOther[0] = halves[1];
+    halvesOther[1] = halves[0];
+    f.field("model_fingerprint")->data = halvesOther;
+  }, "'calibration_table' was made for model fingerprint");
+  expectRefused("table as int32", [](FieldSet& f) { f.field("calibration_table")->type = PluginFieldType::kINT32; },
+                "'calibration_table' must have type kUNKNOWN or kINT8");
+}
+
+// A table of another table version or packed format version is refused with both versions named.
+void testTableVersionsRefused() {
+  std::vector<uint8_t> const good = serializeCalibTable(makeTable());
+  auto patched = [&](size_t offset, uint32_t value) {
+    std::vector<uint8_t> bytes = good;
+    std::memcpy(bytes.data() + offset, &value, 4);
+    return bytes;
+  };
+  struct Case { size_t offset; uint32_t value; std::string expected; };
+  std::string const readable = "reads versions " + std::to_string(TQ_OLDEST_READABLE_FORMAT_VERSION) + " to " +
+                               std::to_string(TQ_FORMAT_VERSION);
+  Case const cases[] = {
+      {4, kCalibTableVersion - 1, "has table version " + std::to_string(kCalibTableVersion - 1) +
+                                      "; this plugin reads version " + std::to_string(kCalibTableVersion)},
+      {4, kCalibTableVersion + 1, "has table version " + std::to_string(kCalibTableVersion + 1)},
+      {8, TQ_FORMAT_VERSION + 1, "was made for packed cache format version " + std::to_string(TQ_FORMAT_VERSION + 1) +
+                                     "; this plugin " + readable},
+      {8, TQ_OLDEST_READABLE_FORMAT_VERSION - 1, "was made for packed cache format version " +
+                                                     std::to_string(TQ_OLDEST_READABLE_FORMAT_VERSION - 1) +
+                                                     "; this plugin " + readable},
+  };
+  CalibTable back;
+  std::string error;
+  CHECK(parseCalibTable(good.data(), good.size(), back, error));
+  for (Case const& c : cases) {
+    std::vector<uint8_t> bytes = patched(c.offset, c.value);
+    error.clear();
+    bool parsed = parseCalibTable(bytes.data(), bytes.size(), back, error);
+    if (parsed || error.find(c.expected) == std::string::npos) {
+      std::printf("FAIL version refusal (offset %zu = %u): parsed=%d, error: %s\n", c.offset, c.value, parsed,
+                  error.c_str());
+      ++gFailures;
+    }
+    expectRefused("table version", [&](FieldSet& f) { f.table = bytes; }, "'calibration_table' " + c.expected);
+  }
+}
+
+// With an ILoggerFinder set (TensorRT calls setLoggerFinder when it loads the library), messages go
+// to the logger it finds; where it finds none, to the logger set before.
+class FakeLoggerFinder : public ILoggerFinder {
+ public:
+  ILogger* findLogger() noexcept override { return logger; }
+  ILogger* logger = nullptr;
+};
+
+void testMessagesGoThroughTheLoggerFinder() {
+  CapturingLogger found;
+  FakeLoggerFinder finder;
+  finder.logger = &found;
+  setLoggerFinder(&finder);
+  expectRefusedTo(found, "logged through the finder", [](FieldSet& f) { f.ints[2] = 96; }, "'head_dim'");
+  CHECK(gLogger.last.empty());
+  finder.logger = nullptr;
+  found.last.clear();
+  expectRefusedTo(gLogger, "finder without a logger", [](FieldSet& f) { f.ints[2] = 96; }, "'head_dim'");
+  CHECK(found.last.empty());
+  setLoggerFinder(nullptr);
+}
+
+// Stand-ins for a logger and finder of the other TensorRT line's virtual-table layout
+// (plugin_log.h): the plain one of TensorRT 10, the versioned one of TensorRT 11 and TensorRT-RTX.
+struct PlainLoggerStandIn {
+  virtual void log(int32_t, char const* msg) { last = msg; }
+  virtual ~PlainLoggerStandIn() = default;
+  std::string last;
+};
+struct PlainFinderStandIn {
+  explicit PlainFinderStandIn(PlainLoggerStandIn* l) : logger(l) {}
+  virtual PlainLoggerStandIn* findLogger() { return logger; }
+  virtual ~PlainFinderStandIn() = default;
+  PlainLoggerStandIn* logger;
+};
+struct VersionedLoggerStandIn {
+  virtual int32_t getAPILanguage() const { return 0; }
+  virtual InterfaceInfo getInterfaceInfo() const { return {"ILogger", 1, 0}; }
+  virtual ~VersionedLoggerStandIn() = default;
+  virtual void log(int32_t, char const* msg) { last = msg; }
+  std::string last;
+};
+struct VersionedFinderStandIn {
+  explicit VersionedFinderStandIn(VersionedLoggerStandIn* l) : logger(l) {}
+  virtual int32_t getAPILanguage() const { return 0; }
+  virtual InterfaceInfo getInterfaceInfo() const { return {"ILoggerFinder", 1, 0}; }
+  virtual ~VersionedFinderStandIn() = default;
+  virtual VersionedLoggerStandIn* findLogger() { return logger; }
+  VersionedLoggerStandIn* logger;
+};
+
+// A library built against one TensorRT line logs through the finder and logger of the other.
+template <typename Finder, typename Logger>
+void checkFinderOfLayout(InterfaceLayout layout) {
+  Logger logger;
+  Finder finder(&logger);
+  useLoggerFinder(reinterpret_cast<ILoggerFinder*>(&finder), layout);
+  FieldSet fs;
+  fs.ints[2] = 96;
+  gLogger.last.clear();
+  CHECK(create(fs.collection(), TensorRTPhase::kBUILD) == nullptr);
+  CHECK(logger.last.find("field 'head_dim'") != std::string::npos && gLogger.last.empty());
+  useLoggerFinder(nullptr);
+}
+
+void testLoggerFinderOfEitherLayout() {
+  if (kHeadersLayout == InterfaceLayout::kPlain)
+    checkFinderOfLayout<VersionedFinderStandIn, VersionedLoggerStandIn>(InterfaceLayout::kVersioned);
+  else
+    checkFinderOfLayout<PlainFinderStandIn, PlainLoggerStandIn>(InterfaceLayout::kPlain);
+  // the layout comes from the name of the library that made the finder
+  CHECK(layoutOfLibrary("/usr/lib/x86_64-linux-gnu/libnvinfer.so.10") == InterfaceLayout::kPlain);
+  CHECK(layoutOfLibrary("/opt/tensorrt/lib/libnvinfer.so.10.13.0") == InterfaceLayout::kPlain);
+  CHECK(layoutOfLibrary("libnvinfer_lean.so.10") == InterfaceLayout::kPlain);
+  CHECK(layoutOfLibrary("/opt/tensorrt/lib/libnvinfer.so.11.1.0") == InterfaceLayout::kVersioned);
+  CHECK(layoutOfLibrary("/site-packages/tensorrt_rtx_libs/libtensorrt_rtx.so.1") == InterfaceLayout::kVersioned);
+  CHECK(layoutOfLibrary("/usr/bin/trtexec") == kHeadersLayout);
 }
 
 // A minimal stand-in for TensorRT's expression builder: constants only, which is all the plugin uses.
@@ -494,8 +689,20 @@ void testBatchPlan() {
   CHECK(!planBatch(types, badPast, ctx, 4, 10, 64, plan, error) && error.find("inconsistent") != std::string::npos);
 }
 
-// `--table FILE`: parse a table written by tq_trtllm/trt/plugin_fields.py and print what was read,
-// so tests/test_plugin_unit.py can check that the Python writer and this reader agree.
+// `--table FILE`: parse a table written by tq_trtllm/trt/plugin_fields.py and print every value
+// read, one array per line ("name count v0 v1 ..."; floats with 9 significant digits, which
+// round-trip fp32 exactly), so tests/test_plugin_unit.py can compare each element with Python's.
+void printArray(char const* name, std::vector<float> const& v) {
+  std::printf("%s %zu", name, v.size());
+  for (float x : v) std::printf(" %.9g", double(x));
+  std::printf("\n");
+}
+void printArray(char const* name, std::vector<int32_t> const& v) {
+  std::printf("%s %zu", name, v.size());
+  for (int32_t x : v) std::printf(" %d", x);
+  std::printf("\n");
+}
+
 int describeTable(char const* path) {
   std::FILE* f = std::fopen(path, "rb");
   if (!f) return std::printf("cannot open %s\n", path), 2;
@@ -505,21 +712,21 @@ int describeTable(char const* path) {
   CalibTable t;
   std::string error;
   if (!parseCalibTable(bytes.data(), bytes.size(), t, error)) return std::printf("error: %s\n", error.c_str()), 1;
-  auto sum = [](auto const& v) {
-    double s = 0;
-    for (auto x : v) s += double(x);
-    return s;
-  };
-  std::printf("fingerprint=%llu layer=%d kv_heads=%d q_heads=%d head_dim=%d key_x2=%d value_x2=%d\n",
+  std::printf("fingerprint=%llu layer=%d kv_heads=%d q_heads=%d head_dim=%d key_x2=%d value_x2=%d rotary_pairs=%d\n",
               (unsigned long long)t.modelFingerprint, t.layerIdx, t.numKvHeads, t.numQHeads, t.headDim,
-              t.keyWidthX2, t.valueWidthX2);
-  for (auto const* side : {&t.key, &t.value})
-    std::printf("%s codebooks=%zu:%.9g mean=%zu:%.9g scale=%zu:%.9g perm=%zu:%.0f\n", side == &t.key ? "key" : "value",
-                side->codebooks.size(), sum(side->codebooks), side->mean.size(), sum(side->mean), side->scale.size(),
-                sum(side->scale), side->perm.size(), sum(side->perm));
-  std::printf("page_shift=%zu:%.9g\n", t.pageShift.size(), sum(t.pageShift));
-  std::printf("rotary=%d channel=%.0f freq=%.9g mean=%.9g\n", t.rotaryPairs, sum(t.rotaryChannel),
-              sum(t.rotaryFreq), sum(t.rotaryMean));
+              t.keyWidthX2, t.valueWidthX2, t.rotaryPairs);
+  for (bool isKey : {true, false}) {
+    CalibSide const& side = isKey ? t.key : t.value;
+    std::string const prefix = isKey ? "key_" : "value_";
+    printArray((prefix + "codebooks").c_str(), side.codebooks);
+    printArray((prefix + "mean").c_str(), side.mean);
+    printArray((prefix + "scale").c_str(), side.scale);
+    printArray((prefix + "perm").c_str(), side.perm);
+  }
+  printArray("page_shift", t.pageShift);
+  printArray("rotary_channel", t.rotaryChannel);
+  printArray("rotary_freq", t.rotaryFreq);
+  printArray("rotary_mean", t.rotaryMean);
   return 0;
 }
 
@@ -532,6 +739,11 @@ int main(int argc, char** argv) {
   testCreateSerializeRecreate();
   testCalibTableRoundTrip();
   testFieldValidation();
+  testOnnxFieldForms();
+  testOnnxFieldFormRefusals();
+  testTableVersionsRefused();
+  testMessagesGoThroughTheLoggerFinder();
+  testLoggerFinderOfEitherLayout();
   testOutputTypesAndShapes();
   testSupportsFormatCombination();
   testWorkspaceSize();

@@ -2,7 +2,9 @@
 
 The table layout is specified in docs/PLUGIN.md ("Calibration table field") and read by
 plugin_cpp/plugin/calib_table.cpp; this module is its one writer. No TensorRT import: values come
-back as plain Python/numpy so a builder wraps them in trt.PluginField itself.
+back as plain Python/numpy so a builder wraps them in trt.PluginField itself
+(`trt.PluginFieldType.<FIELD_TYPES[array.dtype]>`), or an ONNX node in attributes (onnx_node.py,
+after `importable_fields`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,12 @@ PAGE_SHIFT_FLAG = 1 << 6  # the table's page_lse_shift, fp32 [num_q_heads], afte
 # the keys' rotary mean, last: int32 P, int32 channel a [kv_heads][P], fp32 frequency [kv_heads][P],
 # fp32 mean [kv_heads][P][2]
 ROTARY_FLAG = 1 << 7
+
+
+# The TensorRT PluginFieldType (a member name of trt.PluginFieldType) of each numpy dtype that
+# plugin_fields() and importable_fields() return.
+FIELD_TYPES = {np.dtype(np.int32): "INT32", np.dtype(np.float32): "FLOAT32", np.dtype(np.int64): "INT64",
+               np.dtype(np.uint8): "UNKNOWN", np.dtype(np.int8): "INT8"}
 
 
 def _fnv1a(data: bytes) -> int:
@@ -108,3 +116,15 @@ def plugin_fields(key: VectorCodec, value: VectorCodec, *, num_q_heads: int, kv_
         "rope_original_max_positions": np.array([rope_original_max_positions], i32),
         "calibration_table": np.frombuffer(table, dtype=np.uint8),
     }
+
+
+def importable_fields(fields: dict) -> dict:
+    """`fields` (from plugin_fields) in the forms an ONNX node's attributes can carry: TensorRT's ONNX
+    parser makes plugin fields of type kINT32, kFLOAT32, kCHAR and kINT8 only, so the 64-bit
+    fingerprint goes as two int32 values (low, high 32 bits) and the table as int8 bytes. The
+    plugin accepts both forms and serializes the canonical one (docs/PLUGIN.md, "Fields")."""
+    fingerprint = int(fields["model_fingerprint"].view(np.uint64)[0])
+    out = dict(fields)
+    out["model_fingerprint"] = np.array([fingerprint & 0xFFFFFFFF, fingerprint >> 32], np.uint32).view(np.int32)
+    out["calibration_table"] = fields["calibration_table"].view(np.int8)
+    return out
