@@ -298,7 +298,7 @@ def test_too_long_prompt_is_refused(engine):
     (("--kv-bits", "k3v7"), ("--kv-bits k3v7 is not a width", "a K/V pair of them such as k4v3")),
     (("--kv-bits", "three"), ("--kv-bits three is not a width",)),
     (("--kv-bits", "1.5"), ("use 2, 2.5", "below 2 bits")),
-    (("--backend", "trtllm"), ("TensorRT-LLM engine path is not available yet",)),
+    (("--backend", "trtllm"), ("needs TensorRT-LLM 1.2.x", "pypi.nvidia.com")),
     (("--checkpoint", "/nonexistent/model.gguf"), ("does not exist",)),
     (("--calib-text", "/nonexistent/text.txt"), ("does not exist",)),
     (("--key-scale-lengths", "1024,long"), ("not a comma-separated list of token counts",)),
