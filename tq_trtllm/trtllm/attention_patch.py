@@ -17,7 +17,7 @@ import numpy as np
 
 from ..core.errors import TQError
 from ..models.fingerprint import rope_of
-from ..trt.plugin_fields import plugin_fields
+from ..trt.plugin_fields import FIELD_TYPES, plugin_fields
 from .plugin_libraries import PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION
 from .weight_names import KEPT_ATTENTION_MODULES
 
@@ -65,10 +65,9 @@ def plugin_field_collection(fields: dict, trt=None):
     """PluginFieldCollection of plugin_fields' arrays (the table as kUNKNOWN bytes); `trt`: the
     TensorRT Python module (default: tensorrt, TensorRT-LLM's)."""
     trt = _tensorrt(trt)
-    types = {np.dtype(np.int32): trt.PluginFieldType.INT32, np.dtype(np.float32): trt.PluginFieldType.FLOAT32,
-             np.dtype(np.int64): trt.PluginFieldType.INT64, np.dtype(np.uint8): trt.PluginFieldType.UNKNOWN}
-    return trt.PluginFieldCollection([trt.PluginField(name, np.ascontiguousarray(value), types[value.dtype])
-                                      for name, value in fields.items()])
+    return trt.PluginFieldCollection([
+        trt.PluginField(name, np.ascontiguousarray(value), getattr(trt.PluginFieldType, FIELD_TYPES[value.dtype]))
+        for name, value in fields.items()])
 
 
 def create_plugin(name: str, fields: dict, trt=None, registry=None):
