@@ -50,7 +50,7 @@ def run(model, ids, backend, bits, sinks, recent=1, shifted=False, rotary=False,
 
 
 # chunk_reads "exact": the chunks' rows read the pages as one-token sequences over copies of the
-# block table (packed_attention._packed_kernels)
+# block table (integrations.backends.KernelBackend.attend)
 @pytest.mark.parametrize("bits,sinks,recent,shifted,rotary,chunk_reads", [
     (3, 0, 1, False, False, "cache"), (3, 2, 1, False, False, "cache"), (4, 1, 1, False, False, "cache"),
     (2.5, 1, 1, False, False, "cache"), (3, 1, 4, False, False, "cache"), (3, 0, 16, False, False, "cache"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..integrations.attention import observe, use_turboquant_attention
+from ..models.attention import observe, use_turboquant_attention
 
 
 def token_windows(tokenizer, text: str, length: int, count: int) -> torch.Tensor:

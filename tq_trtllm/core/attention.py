@@ -21,6 +21,13 @@ def bottom_right_causal(q_len: int, kv_len: int, device=None) -> torch.Tensor:
     return recent_band(q_len, kv_len, kv_len, device)
 
 
+def mask_allows(mask: torch.Tensor | None, q_len: int, kv_len: int, device) -> torch.Tensor:
+    """transformers' mask (None: plain causal; bool or additive [B, 1, T, S]) as a bool tensor."""
+    if mask is None:
+        return bottom_right_causal(q_len, kv_len, device)
+    return mask if mask.dtype == torch.bool else mask == 0
+
+
 # float32 logits per chunk of query rows (256 MiB): a dense 8,000-token prompt at once took 25-45 GB
 LOGITS_PER_CHUNK = 1 << 26
 
@@ -53,6 +60,19 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
                           None if band is None else band[a:a + step], _rows(bias, a, step, t))
              for a in range(0, t, step)]
     return torch.cat([p[0] for p in parts], dim=-2), torch.cat([p[1] for p in parts], dim=-1)
+
+
+def dense_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    exact: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
+                    scaling: float, recent: int = 1, bias: torch.Tensor | None = None
+                    ) -> torch.Tensor:
+    """query [B, Hq, T, d] of the last T positions of a dense cache key, value [B, Hkv, S, d];
+    exact = the last n positions' (k, v) [B, Hkv, n, d] as computed, read for each row's `recent`
+    most recent positions; under transformers' mask (any: padded batches too); bias as
+    masked_attention's. -> [B, T, Hq, d] in query's dtype."""
+    allowed = mask_allows(mask, query.shape[2], key.shape[2], query.device)
+    out, _ = masked_attention(query, key, value, scaling, allowed, exact, recent, bias)
+    return out.transpose(1, 2).to(query.dtype)
 
 
 def _rows(x: torch.Tensor | None, start: int, count: int, t: int) -> torch.Tensor | None:

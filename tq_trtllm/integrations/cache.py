@@ -11,11 +11,12 @@ and V does: reading a prompt's own tokens through the pages caused about 80% of 
 passkey loss (docs/QUALITY.md#why-the-prompt-is-read-exactly). "cache" keeps the per-token rule
 for every row, so that a prefill reads what decode steps would (tq-eval ppl's protocol).
 
-Backends: "kernels" keeps the pages on the GPU and appends and reads them with the CUDA library;
-"reference" uses the Python reference (any device); "auto" takes the kernels where they can run
-(CUDA tensors in fp16/bf16 and the library built). Either way `update` returns the sink tokens only,
-tagged with the layer (attribute `tq_layer`), and the "turboquant" attention function
-(integrations.attention, which the cache requires) reads the packed tokens in place
+Backends (integrations.backends, chosen once per layer at its first update): "kernels" keeps the
+pages on the GPU and appends and reads them with the CUDA library; "reference" uses the Python
+reference (any device); "auto" takes the kernels where they can run (CUDA tensors in fp16/bf16 and
+the library built). Either way `update` returns the sink tokens only, tagged with the layer
+(attribute `tq_layer`), and the "turboquant" attention function (integrations.attention, which the
+cache requires) hands the call to the layer, which reads the packed tokens in place
 (packed_attention). Written against the layer API that transformers 4.56 and 5.x share (see
 get_mask_sizes for the one signature that differs).
 """
@@ -25,34 +26,21 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from .. import kernels
 from ..calibration.table import KVTable
 from ..core.errors import TQError
 from ..core.paged import PagedLayerCache
 from ..core.quantizer import check_finite
 from .attention import CHUNK_READS  # how a step's rows read the step's other positions (see above)
+from .backends import BACKENDS, KernelBackend, PagesBackend, choose_backend
+from .packed_attention import layer_attention
 
 TOKENS_PER_BLOCK = 16
-BACKENDS = ("auto", "kernels", "reference")
-KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def check_chunk_reads(chunk_reads: str) -> str:
     if chunk_reads not in CHUNK_READS:
         raise TQError(f"chunk_reads {chunk_reads!r} is unknown; use one of {', '.join(CHUNK_READS)}")
     return chunk_reads
-
-
-def _kernels_for(backend: str, x: torch.Tensor) -> bool:
-    """Whether a layer holding tensors like x runs on the kernels under `backend`."""
-    why = kernels.unavailable_reason()
-    if why is None and not x.is_cuda:
-        why = "the model runs on the CPU"
-    if why is None and x.dtype not in KERNEL_DTYPES:
-        why = f"the kernels take float16 or bfloat16 activations, the model runs in {x.dtype}"
-    if backend == "kernels" and why:
-        raise TQError(f"the kernel backend cannot run here: {why}")
-    return backend != "reference" and why is None
 
 
 class TurboQuantLayer(DynamicLayer):
@@ -78,8 +66,7 @@ class TurboQuantLayer(DynamicLayer):
         self.block_table: torch.Tensor | None = None  # int32 [batch, 2, blocks]
         self.sinks: tuple[torch.Tensor, torch.Tensor] | None = None  # fp16 [batch, H, s, d]
         self.length = 0
-        self.uses_kernels = False
-        self._kernel_cache = None  # kernels.KernelCache of the current pools and block table
+        self.pages_backend: PagesBackend | None = None  # chosen at the first update (backends.py)
         # the most recent packed positions' rows as computed, (k, v) [batch, H, n, d], model dtype:
         # the kept window (fp16) before the last update, then that update's packed rows
         self.exact: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -91,7 +78,7 @@ class TurboQuantLayer(DynamicLayer):
         if key_states.shape[1] != self.num_kv_heads:
             raise TQError(f"the model has {key_states.shape[1]} KV heads but the table "
                           f"{self.num_kv_heads}")
-        self.uses_kernels = _kernels_for(self.backend, key_states)
+        self.pages_backend = choose_backend(self.backend, self, key_states)
         if self.page_lse_shift is not None:
             self.page_lse_shift = self.page_lse_shift.to(self.device, torch.float32)
         self.pages = PagedLayerCache(*self.codecs, self.num_kv_heads, self.tokens_per_block, 0,
@@ -157,10 +144,7 @@ class TurboQuantLayer(DynamicLayer):
         seq_idx = torch.arange(self.batch, device=self.device).repeat_interleave(n)
         pos = torch.arange(first, first + n, device=self.device).repeat(self.batch)
         flat = [x.permute(0, 2, 1, 3).reshape(self.batch * n, self.num_kv_heads, -1) for x in (k, v)]
-        if self.uses_kernels:
-            kernels.quantize_append(self.kernel_cache(), flat[0], flat[1], seq_idx, pos)
-        else:
-            self.pages.append(self.block_table, flat[0], flat[1], seq_idx, pos)
+        self.pages_backend.append(flat[0], flat[1], seq_idx, pos)
 
     def _reserve(self, tokens: int) -> None:
         """Blocks for `tokens` packed positions per sequence; block i of sequence b is chunk i*batch+b.
@@ -174,21 +158,18 @@ class TurboQuantLayer(DynamicLayer):
         chunks = torch.arange(have * self.batch, need * self.batch, dtype=torch.int32,
                               device=self.device).view(need - have, self.batch).T
         self.block_table = torch.cat([self.block_table, chunks[:, None, :].expand(-1, 2, -1)], dim=2)
-        self._kernel_cache = None  # the pools and the table moved
+        self.pages_backend.moved()
 
-    def kernel_cache(self):
-        if self._kernel_cache is None:
-            self._kernel_cache = kernels.KernelCache(self.pages, self.block_table, self.page_lse_shift)
-        return self._kernel_cache
+    @property
+    def uses_kernels(self) -> bool:
+        """Whether the layer runs on the kernel library (False until its first update)."""
+        return isinstance(self.pages_backend, KernelBackend)
 
     def read_packed(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The packed tokens dequantized: K, V [batch, H, packed_length, d] in the model's dtype."""
         keys, values = [], []
         for b in range(self.batch):
-            if self.uses_kernels:
-                k, v = kernels.dequantize(self.kernel_cache(), b, 0, self.packed_length, self.dtype)
-            else:
-                k, v = self.pages.gather(self.block_table, b, 0, self.packed_length, dtype=self.dtype)
+            k, v = self.pages_backend.gather(b, 0, self.packed_length)
             keys.append(k.transpose(0, 1))
             values.append(v.transpose(0, 1))
         return torch.stack(keys), torch.stack(values)
@@ -198,6 +179,11 @@ class TurboQuantLayer(DynamicLayer):
         k, v = self.read_packed()
         return (torch.cat([self.sinks[0].to(self.dtype), k], dim=2),
                 torch.cat([self.sinks[1].to(self.dtype), v], dim=2))
+
+    def attention(self, query: torch.Tensor, mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
+        """The "turboquant" attention function's call on the keys this layer returned:
+        query [B, Hq, T, d] of the last update's T tokens -> [B, T, Hq, d]."""
+        return layer_attention(self, query, mask, scaling)
 
     def packed_logit_bias(self) -> torch.Tensor | None:
         """What the pages' shift adds to each query head's logits over the cache read back densely

@@ -1,7 +1,8 @@
-"""Attention that reads a TurboQuantLayer in place: the packed tokens through the kernel library
-(CUDA) or the Python reference (CPU), the layer's exact rows (the kept recent window and the step's
-own rows, as computed) and the exact sink tokens densely, merged by log-sum-exp, the pages'
-log-sum-exp first lowered by the table's page_lse_shift (calibration/page_mass.py).
+"""Attention that reads a TurboQuantLayer in place: the packed tokens through the layer's backend
+(integrations.backends: the kernel library or the Python reference), the layer's exact rows (the
+kept recent window and the step's own rows, as computed) and the exact sink tokens densely, merged
+by log-sum-exp, the pages' log-sum-exp first lowered by the table's page_lse_shift
+(calibration/page_mass.py).
 
 Query row j of a step of T new tokens sits at position `length - T + j` and sees every position up
 to its own (bottom-right causal). Rows at positions below the sink count see sinks only; every
@@ -11,23 +12,21 @@ chunk_reads "cache" that is each row's own recent window, and the kernels' `kv_l
 gives the pages' part directly with kv_len = packed_end, because packed position i is sequence
 position sinks + i. Under "exact" every row of a step reads the same pages, 0 .. packed_end - 1; the
 kernels then take the rows as sequences of one token each over the same block table.
-`dense_attention` applies the same rules to a dense cache (padded batches, the evaluation's
-reference caches).
+`dense_attention` (core.attention) applies the same rules to a dense cache (padded batches, the
+evaluation's reference caches).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..core.attention import bottom_right_causal, masked_attention, recent_band
-from ..kernels import ops
-
-
-def mask_allows(mask: torch.Tensor | None, q_len: int, kv_len: int, device) -> torch.Tensor:
-    """transformers' mask (None: plain causal; bool or additive [B, 1, T, S]) as a bool tensor."""
-    if mask is None:
-        return bottom_right_causal(q_len, kv_len, device)
-    return mask if mask.dtype == torch.bool else mask == 0
+from ..core.attention import (
+    bottom_right_causal,
+    dense_attention,
+    mask_allows,
+    masked_attention,
+    recent_band,
+)
 
 
 def is_bottom_right_causal(mask: torch.Tensor | None, q_len: int, kv_len: int) -> bool:
@@ -58,51 +57,6 @@ def merge(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     return sum(w[..., None] * o for w, (o, _) in zip(weights, parts))
 
 
-def dense_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                    exact: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None,
-                    scaling: float, recent: int = 1, bias: torch.Tensor | None = None
-                    ) -> torch.Tensor:
-    """query [B, Hq, T, d] of the last T positions of a dense cache key, value [B, Hkv, S, d];
-    exact = the last n positions' (k, v) [B, Hkv, n, d] as computed, read for each row's `recent`
-    most recent positions; under transformers' mask (any: padded batches too); bias as
-    masked_attention's. -> [B, T, Hq, d] in query's dtype."""
-    allowed = mask_allows(mask, query.shape[2], key.shape[2], query.device)
-    out, _ = masked_attention(query, key, value, scaling, allowed, exact, recent, bias)
-    return out.transpose(1, 2).to(query.dtype)
-
-
-def _packed_kernels(layer, q: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernels over the layer's pages (see the module's doc for which positions each row
-    reads): q [B, Hq, T, d] -> (output, lse) as dense_part's, the lse lowered by the layer's shift
-    (the kernel cache carries it)."""
-    b, hq, t, d = q.shape
-    end, kc, rows = layer.packed_end, layer.kernel_cache(), q.transpose(1, 2).contiguous()
-    if layer.chunk_reads == "exact" and t > 1:
-        if end == 0:  # nothing older than the step's rows: no launch
-            return q.new_zeros(q.shape, dtype=torch.float32), q.new_full((b, hq, t), float("-inf"),
-                                                                         dtype=torch.float32)
-        # every row sees the same pages: one-token sequences over copies of its block table row
-        kc = kc.over(layer.block_table.repeat_interleave(t, dim=0))
-        rows = rows.view(b * t, 1, hq, d)
-    lse = torch.empty(*rows.shape[:3], dtype=torch.float32, device=q.device)
-    lens = torch.full((rows.shape[0],), end, dtype=torch.int32, device=q.device)
-    attention = ops.decode_attention if rows.shape[1] <= ops.MAX_DECODE_Q_LEN else ops.prefill_attention
-    out = attention(kc, rows, lens, end, scaling, lse=lse)
-    return out.view(b, t, hq, d).transpose(1, 2).float(), lse.view(b, t, hq).transpose(1, 2)
-
-
-def _packed_reference(layer, q: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """_packed_kernels through the Python reference."""
-    end = layer.packed_end
-    k, v = (x[:, :, :end] for x in layer.read_packed())
-    # "exact": every row sees all `end` positions; "cache": row j up to end - T + j
-    first = end if layer.chunk_reads == "exact" else end - q.shape[2]
-    out, lse = dense_part(q, k, v, scaling, first)
-    if layer.page_lse_shift is not None:
-        lse = lse - layer.page_lse_shift[:, None]
-    return out, lse
-
-
 def _recent(layer, q: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's exact_recent most recent packed positions, from their rows as computed."""
     k, v = layer.exact
@@ -122,9 +76,20 @@ def attend(layer, query: torch.Tensor, scaling: float) -> torch.Tensor:
         outs.append(o)
     if early < t:
         late = query[:, :, early:]
-        packed = _packed_kernels if layer.uses_kernels else _packed_reference
-        parts = [packed(layer, late, scaling), _recent(layer, late, scaling)]
+        parts = [layer.pages_backend.attend(late, scaling), _recent(layer, late, scaling)]
         if sinks:
             parts.append(dense_part(late, sk, sv, scaling, sinks))
         outs.append(merge(parts))
     return torch.cat(outs, dim=2).transpose(1, 2).to(query.dtype)
+
+
+def layer_attention(layer, query: torch.Tensor, mask: torch.Tensor | None,
+                    scaling: float) -> torch.Tensor:
+    """The registered attention function's call over a layer (TurboQuantLayer.attention): the
+    packed tokens read in place under the plain causal mask, else (a padded batch) the cache read
+    back densely under the same rule. -> [B, T, Hq, d] in query's dtype."""
+    if is_bottom_right_causal(mask, query.shape[2], layer.length):
+        return attend(layer, query, scaling)
+    key, value = layer.read_dense()
+    return dense_attention(query, key, value, layer.exact, mask, scaling, layer.exact_recent,
+                           layer.packed_logit_bias())
