@@ -23,8 +23,9 @@ _REPO = _PACKAGE_DIR.parent
 
 
 def search_dirs() -> list[Path]:
-    """$TQ_PLUGIN_DIR, the installed package's lib/, then a source checkout's build folders."""
-    dirs = [Path(os.environ["TQ_PLUGIN_DIR"])] if os.environ.get("TQ_PLUGIN_DIR") else []
+    """$TQ_PLUGIN_DIR (or the tests' $TQ_PLUGIN_BUILD_DIR), the installed package's lib/, then a
+    source checkout's build folders."""
+    dirs = [Path(os.environ[v]) for v in ("TQ_PLUGIN_DIR", "TQ_PLUGIN_BUILD_DIR") if os.environ.get(v)]
     return dirs + [_PACKAGE_DIR / "lib", _REPO / "build" / "plugin_cpp" / "plugin",
                    _REPO / "build" / "plugin_cpp" / "kernels"]
 
