@@ -48,8 +48,12 @@ def save_table(table: KVTable, path: str | Path) -> None:
         "calibration": table.calibration,
     }
     tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata={HEADER_KEY: json.dumps(header)})
-    os.replace(tmp, path)
+    try:
+        save_file(tensors, str(tmp), metadata={HEADER_KEY: json.dumps(header)})
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, an interrupt: the old file stays, no partial one is left
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def load_table(path: str | Path, model_fingerprint: dict | None = None) -> KVTable:

@@ -1,0 +1,81 @@
+"""The C ABI's contract where it needs no GPU (plugin_cpp/include/tq/tq_kernels.h): the packed
+format versions the library reads, the refusal of any other when the binding loads it, and
+tq_last_error kept per host thread. The library loads on a CPU machine once built."""
+
+import threading
+
+import pytest
+
+from required import REQUIRE_CUDA_BUILD, needs
+from tq_trtllm import kernels
+from tq_trtllm.core.errors import TQError
+from tq_trtllm.core.spec import FORMAT_VERSION, READABLE_FORMAT_VERSIONS
+from tq_trtllm.kernels import _lib
+
+pytestmark = needs(None if kernels.find_library() else "libtq_kernels.so is not built",
+                   REQUIRE_CUDA_BUILD)
+
+TQ_ERR_FORMAT_VERSION = 9
+
+
+def test_library_reads_exactly_the_references_format_versions():
+    """tq_check_format_version accepts the versions the Python reference reads and refuses every
+    other with TQ_ERR_FORMAT_VERSION and a message that names it and the readable range."""
+    lib = kernels.library()
+    first, last = min(READABLE_FORMAT_VERSIONS), max(READABLE_FORMAT_VERSIONS)
+    assert list(READABLE_FORMAT_VERSIONS) == list(range(first, last + 1)) and last == FORMAT_VERSION
+    for version in (-1, 0, 1, *READABLE_FORMAT_VERSIONS, FORMAT_VERSION + 1, FORMAT_VERSION + 2, 2**31 - 1):
+        status = lib.tq_check_format_version(version)
+        if version in READABLE_FORMAT_VERSIONS:
+            assert status == 0, (version, lib.tq_last_error())
+        else:
+            assert status == TQ_ERR_FORMAT_VERSION, version
+            message = lib.tq_last_error().decode()
+            assert f"format version {version} is not readable" in message, message
+            assert f"reads versions {first} to {last}" in message, message
+
+
+def test_a_library_of_another_format_version_is_refused_when_loaded(monkeypatch):
+    """The binding asks the library, on loading, whether it reads the package's format version: a
+    package of another version gets TQError naming the version, never a library that misreads."""
+    monkeypatch.setattr(_lib, "FORMAT_VERSION", FORMAT_VERSION + 1)
+    _lib.library.cache_clear()
+    try:
+        with pytest.raises(TQError, match=rf"tq_check_format_version failed \(status 9\): packed "
+                                          rf"cache format version {FORMAT_VERSION + 1} is not readable"):
+            _lib.library()
+    finally:
+        monkeypatch.undo()
+        _lib.library.cache_clear()
+    assert _lib.library().tq_check_format_version(FORMAT_VERSION) == 0
+
+
+def test_last_error_is_kept_per_host_thread():
+    """Two threads fail in turn (the calls release the GIL; barriers order them): each then reads
+    its own message, not the other's, and a thread that has not failed reads an empty one."""
+    lib = kernels.library()
+    turns = [threading.Barrier(2, timeout=30) for _ in range(3)]
+    seen = {}
+
+    def worker(name, version):
+        turns[0].wait()
+        if name == "first":
+            assert lib.tq_check_format_version(version) == TQ_ERR_FORMAT_VERSION
+        turns[1].wait()
+        if name == "second":
+            assert lib.tq_check_format_version(version) == TQ_ERR_FORMAT_VERSION
+        turns[2].wait()
+        seen[name] = lib.tq_last_error().decode()
+
+    threads = [threading.Thread(target=worker, args=args) for args in (("first", 101), ("second", 202))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert seen["first"].startswith("packed cache format version 101 "), seen
+    assert seen["second"].startswith("packed cache format version 202 "), seen
+    fresh = []
+    thread = threading.Thread(target=lambda: fresh.append(lib.tq_last_error().decode()))
+    thread.start()
+    thread.join(timeout=30)
+    assert fresh == [""]
