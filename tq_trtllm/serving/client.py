@@ -38,7 +38,8 @@ def generate_stream(base_url: str, model: str, body: dict, timeout: float = 120.
                 if line.startswith("data:")]
 
 
-def _inputs(grpcclient, prompt: str, max_tokens: int, stream: bool, **extra):
+def _inputs(grpcclient, prompt: str, max_tokens: int, stream: bool, extra: dict):
+    """The request's tensors; `extra` adds inputs or replaces these (numpy arrays)."""
     values = {"text_input": np.array([prompt.encode()], dtype=object),
               "max_tokens": np.array([max_tokens], dtype=np.int32),
               "stream": np.array([stream])}
@@ -66,8 +67,10 @@ class Stream:
         self.replies: queue.Queue = queue.Queue()
         self.client.start_stream(callback=lambda result, error: self.replies.put((result, error)))
 
-    def send(self, model: str, prompt: str, max_tokens: int, stream: bool = True, **extra) -> None:
-        self.client.async_stream_infer(model, _inputs(self.grpcclient, prompt, max_tokens, stream, **extra),
+    def send(self, model: str, prompt: str, max_tokens: int, stream: bool = True,
+             extra: dict | None = None) -> None:
+        self.client.async_stream_infer(model, _inputs(self.grpcclient, prompt, max_tokens, stream,
+                                                      extra or {}),
                                        enable_empty_final_response=True)
 
     def next(self, timeout: float) -> tuple[str | None, bool]:

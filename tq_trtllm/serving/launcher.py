@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -92,15 +93,18 @@ def server_env(server: Server) -> dict:
 
 
 def server_command(server: Server, repo: Path, ports: Ports, address: str = "127.0.0.1",
-                   models: list[str] | None = None) -> list[str]:
+                   models: list[str] | None = None, shm_prefix: str = "tq_") -> list[str]:
     """Explicit model control: every model (or `models`) loads at start, and the repository API can
-    load or unload one later without touching the others."""
+    load or unload one later without touching the others. /v2/health/ready is the server's own
+    readiness: a model that fails to load does not take the others' server out of service (each
+    model's readiness is /v2/models/NAME/ready)."""
     cmd = [str(server.binary), f"--model-repository={repo}", "--model-control-mode=explicit",
+           "--strict-readiness=false",
            *[f"--load-model={m}" for m in (models or ["*"])],
            f"--http-port={ports.http}", f"--grpc-port={ports.grpc}", f"--metrics-port={ports.metrics}",
            f"--http-address={address}", f"--grpc-address={address}", f"--metrics-address={address}",
            # shared-memory names of this server's Python stubs, apart from any other server's
-           f"--backend-config=python,shm-region-prefix-name=tq{os.getpid()}_{ports.grpc}_"]
+           f"--backend-config=python,shm-region-prefix-name={shm_prefix}"]
     backends = backend_directory(server)
     if backends is not None:
         cmd.append(f"--backend-directory={backends}")
@@ -111,14 +115,18 @@ def start_server(repo: Path, ports: Ports, address: str = "127.0.0.1", models: l
                  log: Path | None = None) -> subprocess.Popen:
     """Start tritonserver in its own process group (its Python stubs are its children)."""
     server = find_server()
+    shm_prefix = f"tq_{secrets.token_hex(4)}_"
     out = open(log, "ab") if log else None
     try:
-        return subprocess.Popen(server_command(server, Path(repo).resolve(), ports, address, models),
+        proc = subprocess.Popen(server_command(server, Path(repo).resolve(), ports, address, models,
+                                               shm_prefix),
                                 env=server_env(server), stdout=out, stderr=subprocess.STDOUT if out else None,
                                 start_new_session=True)
     finally:
         if out:
             out.close()
+    proc.shm_prefix = shm_prefix  # what stop_server removes if the server could not
+    return proc
 
 
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
@@ -165,6 +173,9 @@ def stop_server(proc: subprocess.Popen, timeout: float = 30.0) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+    # the shared memory of a server that was killed (a clean exit leaves none)
+    for region in Path("/dev/shm").glob(f"{getattr(proc, 'shm_prefix', None) or '-'}*"):
+        region.unlink(missing_ok=True)
 
 
 def free_port(address: str = "127.0.0.1") -> int:
