@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
 
 import torch
@@ -19,7 +20,7 @@ from .capture import run_observed, token_windows
 from .options import CalibrationOptions
 from .page_mass import measure_page_shifts
 from .retrieval import retrieval_windows
-from .sensitivity import fisher_cost, fisher_gradients
+from .sensitivity import fisher_gradients, fisher_terms
 from .stats import ChannelStats, output_weights
 from .table import KVTable, LayerTable
 
@@ -142,21 +143,40 @@ def calibrate(loaded: LoadedModel, text: str, kv_bits: str, opts: CalibrationOpt
 
 
 def measure_costs(model, windows: torch.Tensor, stats: list[ChannelStats], key_scales: list,
-                  rotary: list, head_dim: int, opts: CalibrationOptions, progress: bool) -> dict:
-    """Fisher cost of every (layer, K/V, candidate width), summed over the windows."""
-    costs: dict = {}
-    bar = tqdm(total=windows.shape[0] * len(stats), desc="layer sensitivity", disable=not progress)
+                  rotary: list, head_dim: int, opts: CalibrationOptions, progress: bool,
+                  terms: dict | None = None) -> dict:
+    """Fisher cost of every (layer, K/V, candidate width), summed over the windows.
+
+    Every window's gradients first (one forward and opts.fisher_samples backward passes each), then
+    per layer and width one codec and one roundtrip over all windows at once; the layers are shared
+    among threads, since each roundtrip's tensors are too small to keep the cores busy alone.
+    terms: if given, filled with each (layer, kind, width)'s fisher_terms, [windows, samples]."""
+    bar = tqdm(total=windows.shape[0] + len(stats), desc="layer sensitivity", disable=not progress)
+    captured = []
     for row in windows:
-        captured = fisher_gradients(model, row[None], opts.fisher_samples, opts.seed,
-                                    opts.recent_tokens)
-        for layer, (k, v, grads_k, grads_v) in captured.items():
-            for width in CANDIDATE_WIDTHS:
-                codecs = _layer_table(stats[layer], key_scales[layer], head_dim, width, width,
-                                      opts.seed + layer, opts, rotary[layer]).codecs(head_dim)
-                for kind, (x, grads) in enumerate(((k, grads_k), (v, grads_v))):
-                    slot = costs.setdefault((layer, kind), {})
-                    slot[width] = slot.get(width, 0.0) + fisher_cost(x, grads, codecs[kind],
-                                                                     opts.sink_tokens)
-            bar.update()
+        captured.append(fisher_gradients(model, row[None], opts.fisher_samples, opts.seed,
+                                         opts.recent_tokens))
+        bar.update()
+
+    def layer_terms(layer: int) -> dict:
+        k, v = (torch.cat([c[layer][i] for c in captured]) for i in (0, 1))
+        grads_k, grads_v = ([torch.cat([c[layer][i][s] for c in captured])
+                             for s in range(opts.fisher_samples)] for i in (2, 3))
+        out = {}
+        for width in CANDIDATE_WIDTHS:
+            codecs = _layer_table(stats[layer], key_scales[layer], head_dim, width, width,
+                                  opts.seed + layer, opts, rotary[layer]).codecs(head_dim)
+            for kind, (x, grads) in enumerate(((k, grads_k), (v, grads_v))):
+                out[(layer, kind, width)] = fisher_terms(x, grads, codecs[kind], opts.sink_tokens)
+        bar.update()
+        return out
+
+    with ThreadPoolExecutor(max_workers=max(1, min(4, torch.get_num_threads()))) as pool:
+        found = {key: t for part in pool.map(layer_terms, range(len(stats))) for key, t in part.items()}
     bar.close()
+    if terms is not None:
+        terms.update(found)
+    costs: dict = {}
+    for (layer, kind, width), t in sorted(found.items()):
+        costs.setdefault((layer, kind), {})[width] = t.mean(dim=1).sum().item()
     return costs

@@ -56,7 +56,9 @@ def _scale_lengths(text: str) -> tuple[int, ...] | None:
 @click.option("--checkpoint", type=click.Path(), default=None,
               help="GGUF file or Hugging Face model directory (default: the embedded SmolLM2-135M-Instruct).")
 @click.option("--calib-text", default=None,
-              help="Calibration text file, or austen:BOOK (default: austen:emma if present).")
+              help="Calibration text file, or austen:BOOK. Default: Jane Austen's Emma where "
+                   "build_scripts/fetch_corpus.sh has unpacked it, else the Python reference "
+                   "manual that every Python ships; the summary names the text used.")
 @click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True)
 @click.option("--output", type=click.Path(), default=None,
               help="Engine directory to create (default: engines/<model>-kv<bits>); never overwritten.")
