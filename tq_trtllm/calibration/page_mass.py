@@ -10,6 +10,8 @@ pages' log-sum-exp before merging them with the exact parts (packed_attention).
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import torch
 from tqdm import tqdm
 
@@ -35,19 +37,35 @@ def lse_inflation(q: torch.Tensor, k: torch.Tensor, k_hat: torch.Tensor, scale: 
 
 def measure_page_shifts(model, windows: torch.Tensor, table: KVTable,
                         progress: bool = False) -> list[torch.Tensor]:
-    """The table's per-layer shifts, float32 [heads], averaged over the token windows [n, T]."""
-    totals: dict[int, torch.Tensor] = {}
+    """The table's per-layer shifts, float32 [heads], averaged over the token windows [n, T].
+
+    The windows' queries and keys are captured first; then per layer one roundtrip over all
+    windows' keys, the layers shared among threads (each roundtrip too small to keep the cores
+    busy alone)."""
+    captured: dict[int, list] = {}
     scale = table.head_dim ** -0.5
 
-    def add(layer, query, key, value):
-        codec, _ = table.codecs(layer)
-        key = key[0].detach()  # [Hkv, T, d]
-        packed = torch.arange(key.shape[1], device=key.device) - table.sink_tokens
-        k_hat = codec.roundtrip(key.double().transpose(0, 1), packed).transpose(0, 1)
-        shift = lse_inflation(query[0].detach(), key, k_hat, scale, table.sink_tokens,
-                              table.recent_tokens)
-        totals[layer] = totals.get(layer, 0) + shift / windows.shape[0]
+    def keep(layer, query, key, value):
+        captured.setdefault(layer, []).append((query[0].detach(), key[0].detach()))
 
-    for row in tqdm(windows, desc="page mass shift", disable=not progress):
-        run_observed(model, row[None], add)
-    return [totals[i].float() for i in range(len(table.layers))]
+    bar = tqdm(total=windows.shape[0] + len(table.layers), desc="page mass shift", disable=not progress)
+    for row in windows:
+        run_observed(model, row[None], keep)
+        bar.update()
+
+    def layer_shift(layer: int) -> torch.Tensor:
+        codec, _ = table.codecs(layer)
+        keys = torch.stack([key for _, key in captured[layer]])  # [n, Hkv, T, d]
+        packed = torch.arange(keys.shape[2], device=keys.device) - table.sink_tokens
+        k_hat = codec.roundtrip(keys.double().transpose(1, 2), packed).transpose(1, 2)
+        total = 0
+        for (query, key), rows in zip(captured[layer], k_hat):
+            total = total + lse_inflation(query, key, rows, scale, table.sink_tokens,
+                                          table.recent_tokens) / windows.shape[0]
+        bar.update()
+        return total.float()
+
+    with ThreadPoolExecutor(max_workers=max(1, min(4, torch.get_num_threads()))) as pool:
+        shifts = list(pool.map(layer_shift, range(len(table.layers))))
+    bar.close()
+    return shifts
