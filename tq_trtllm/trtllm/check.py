@@ -17,8 +17,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-
 from ..core.errors import TQError
 
 MODEL = dict(hidden_size=1024, num_attention_heads=8, num_key_value_heads=4, head_dim=128,
@@ -63,6 +61,7 @@ def tiny_tokenizer(vocab: int):
 def random_model(directory: Path, config: dict = MODEL):
     """The random Llama, its weights rounded to fp16 (what the engine holds), saved as a Hugging
     Face directory; returns a LoadedModel of it in float32."""
+    import torch  # torch only where a check runs: tq-eval --help stays quick
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from ..models.checkpoint import LoadedModel
@@ -79,6 +78,8 @@ def random_model(directory: Path, config: dict = MODEL):
 def check_table(loaded):
     """3-bit uniform tables with a per-head key mean and scale, so that a rank given another rank's
     heads would show in the logits."""
+    import torch
+
     from ..calibration.table import oblivious_table
     from ..models.fingerprint import fingerprint
 
@@ -96,6 +97,8 @@ def reference_logits(loaded, table, prompt: list[int], tokens: list[int], quanti
     """Logit rows of the prefill's last position and of each fed token but the last: [len(tokens), vocab]
     (the prompt's own tokens read exactly, as the plugin's context phase does; then each decode
     step reads the earlier positions through the cache, TurboQuant's or an fp16 one)."""
+    import torch
+
     from ..eval.baselines import RoundtripCache
     from ..integrations.attention import use_turboquant_attention
     from ..integrations.cache import TurboQuantCache
@@ -119,6 +122,8 @@ def rms(x: torch.Tensor) -> float:
 
 
 def engine_run(engine: Path, prompt: list[int], tp: int, work: Path) -> dict:
+    import torch
+
     prompt_file, out = work / f"prompt{tp}.json", work / f"out{tp}.npz"
     prompt_file.write_text(json.dumps(prompt))
     cmd = [sys.executable, "-m", "tq_trtllm.trtllm.check_worker", str(engine), str(prompt_file), str(out),
@@ -189,6 +194,8 @@ def compare(report: Report, loaded, table, prompt: list[int], run: dict, tp: int
 
 def run_check(keep: Path | None = None, tp_sizes: list[int] | None = None) -> int:
     """Runs every check; returns the number that failed."""
+    import torch
+
     from .builder import TrtllmBuildOptions, build_trtllm_engine
     from .requirement import unavailable_reason
 
