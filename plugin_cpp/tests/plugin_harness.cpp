@@ -8,7 +8,8 @@
 // CASE_DIR (written by tests/gpu/test_plugin_harness.py):
 //   fields.bin        the fields: per field name\0, int32 type, int32 length, then its bytes
 //   case.txt          "dtype fp16|bf16", "pool NUM_BLOCKS LAYERS_IN_POOL LAYER_IN_POOL NUM_LAYERS",
-//                     "chunk_bytes N", "max_blocks N", "steps N"
+//                     "chunk_bytes N", "max_blocks N", "steps N", optionally "mapping_pool P" (the
+//                     layer's pool index in the mapping; default 0, the one pool there is)
 //   stepK_meta.bin    int32 [batch, num_tokens, request_types[batch], past_kv_lengths[batch],
 //                     context_lengths[batch]]
 //   stepK_qkv.bin     [num_tokens, (Hq + 2 Hkv) * head_dim] fp16/bf16
@@ -115,6 +116,7 @@ void copyFields(PluginFieldCollection const* from, OwnedFields& out) {
 struct CaseConfig {
   DataType dtype = DataType::kHALF;
   int64_t numBlocks = 0, layersInPool = 0, layerInPool = 0, numLayers = 0, maxBlocks = 0, chunkBytes = 0;
+  int32_t mappingPool = 0;  // the pool index the mapping gives the layer (1 or more: a pool that does not exist)
   int32_t steps = 0;
 };
 
@@ -135,6 +137,8 @@ CaseConfig readCase(std::string const& path) {
       in >> c.chunkBytes;
     } else if (key == "steps") {
       in >> c.steps;
+    } else if (key == "mapping_pool") {
+      in >> c.mappingPool;
     } else {
       die("case.txt: unknown key " + key);
     }
@@ -258,6 +262,7 @@ int main(int argc, char** argv) {
   check(cudaMalloc(&offsets, maxBatch * 2 * cfg.maxBlocks * 4), "cudaMalloc offsets");
   int64_t const poolPointers[2] = {int64_t(reinterpret_cast<uintptr_t>(pool)), 0};
   std::vector<int32_t> mapping(cfg.numLayers * 2, 0);
+  mapping[layer * 2] = cfg.mappingPool;
   mapping[layer * 2 + 1] = int32_t(cfg.layerInPool);
   cudaStream_t stream;
   check(cudaStreamCreate(&stream), "cudaStreamCreate");

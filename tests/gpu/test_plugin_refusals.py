@@ -11,6 +11,7 @@ import math
 import subprocess
 
 import numpy as np
+import pytest
 import torch
 
 from tq_trtllm.core.attention import reference_attention
@@ -23,9 +24,11 @@ D, HQ, HKV, T, MAX_BLOCKS, NUM_BLOCKS, LAYER, NUM_LAYERS = 64, 9, 3, 32, 2, 6, 5
 POOL_TYPE_FLAG = 1 << 30  # an offset at or above it names a block of the secondary pool
 
 
-def run_step(work, tokens: int, past: int, offsets: torch.Tensor, layer_in_pool: int = 1):
-    """One context request of `tokens` tokens whose KV length is `past`; returns (status, output
-    [tokens, Hq, d] as fp16 bits, the whole pool's bytes, the harness's stderr, q and own rows)."""
+def write_case(work, tokens: int, past: int, offsets: torch.Tensor, layer_in_pool: int = 1,
+               mapping_pool: int = 0, num_layers: int = NUM_LAYERS):
+    """The harness's case directory for one context request of `tokens` tokens whose KV length is
+    `past`, the layer mapped to pool `mapping_pool` (one pool exists), layer `layer_in_pool` of it,
+    in a mapping of `num_layers` rows: (case dir, out dir, q, own rows)."""
     case, out = work / "case", work / "out"
     case.mkdir(parents=True)
     out.mkdir()
@@ -38,17 +41,25 @@ def run_step(work, tokens: int, past: int, offsets: torch.Tensor, layer_in_pool:
     (case / "step0_meta.bin").write_bytes(np.array([1, tokens, 0, past, tokens], dtype=np.int32).tobytes())
     (case / "step0_qkv.bin").write_bytes(x.reshape(tokens, -1).view(torch.int16).numpy().tobytes())
     (case / "step0_offsets.bin").write_bytes(offsets.to(torch.int32).numpy().tobytes())
-    (case / "case.txt").write_text(f"dtype fp16\npool {NUM_BLOCKS} 2 {layer_in_pool} {NUM_LAYERS}\n"
-                                   f"chunk_bytes {chunk}\nmax_blocks {MAX_BLOCKS}\nsteps 1\n")
+    (case / "case.txt").write_text(f"dtype fp16\npool {NUM_BLOCKS} 2 {layer_in_pool} {num_layers}\n"
+                                   f"chunk_bytes {chunk}\nmax_blocks {MAX_BLOCKS}\nsteps 1\n"
+                                   f"mapping_pool {mapping_pool}\n")
+    pos = torch.arange(past - tokens, past)
+    q = rope(x[:, :HQ], pos, 10000.0).half()
+    own = (rope(x[:, HQ:HQ + HKV], pos, 10000.0).half(), x[:, HQ + HKV:])
+    return case, out, q, own
+
+
+def run_step(work, tokens: int, past: int, offsets: torch.Tensor, **mapping):
+    """write_case's step through the harness: (status, output [tokens, Hq, d] as fp16 bits, the whole
+    pool's bytes, the harness's stderr, q and own rows)."""
+    case, out, q, own = write_case(work, tokens, past, offsets, **mapping)
     done = subprocess.run([str(HARNESS), str(LIBRARY), str(case), str(out)], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     status = int((out / "step0_status.txt").read_text())
     output = np.fromfile(out / "step0_out.bin", dtype=np.uint16).reshape(tokens, HQ, D)
     pool = np.fromfile(out / "pool.bin", dtype=np.uint8)
-    pos = torch.arange(past - tokens, past)
-    q = rope(x[:, :HQ], pos, 10000.0).half()
-    own = (rope(x[:, HQ:HQ + HKV], pos, 10000.0).half(), x[:, HQ + HKV:])
     return status, output, pool, done.stderr, q, own
 
 
@@ -62,10 +73,22 @@ def assert_nothing_written(output, pool):
     assert (output == 0xFFFF).all(), "a refused step wrote to the output"
 
 
-def test_a_mapping_without_this_layer_in_the_pool_is_refused_and_writes_nothing(tmp_path):
-    status, output, pool, stderr, _, _ = run_step(tmp_path, 20, 20, offsets_of([0, 1]), layer_in_pool=-1)
+@pytest.mark.parametrize("mapping", [{"layer_in_pool": -1}, {"mapping_pool": 1}], ids=["layer", "pool"])
+def test_a_mapping_to_no_layer_of_a_pool_is_refused_and_writes_nothing(tmp_path, mapping):
+    """The layer mapped to layer -1 of its pool, or to pool 1 where only pool 0 exists."""
+    status, output, pool, stderr, _, _ = run_step(tmp_path, 20, 20, offsets_of([0, 1]), **mapping)
     assert status != 0 and "which does not exist" in stderr, stderr
     assert_nothing_written(output, pool)
+
+
+def test_a_mapping_without_a_row_for_the_layer_is_refused_before_any_step(tmp_path):
+    """5 rows for layer_idx 5: configurePlugin refuses the shapes (the harness stops there)."""
+    case, out, _, _ = write_case(tmp_path, 20, 20, offsets_of([0, 1]), num_layers=LAYER)
+    done = subprocess.run([str(HARNESS), str(LIBRARY), str(case), str(out)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2 and "configurePlugin failed" in done.stderr, done.stderr
+    assert f"maps {LAYER} layers, but layer_idx is {LAYER}" in done.stderr, done.stderr
+    assert not (out / "step0_status.txt").exists()
 
 
 def test_a_kv_length_beyond_the_block_table_is_refused_and_writes_nothing(tmp_path):
