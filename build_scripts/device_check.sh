@@ -15,6 +15,20 @@ print('flashinfer FP8 decode: compiled and ran')" 2>&1 | tee "$OUT/stage.log" | 
   exit
 fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+if [[ "$what" == compare ]]; then
+  # The built library against the previous one (device_verify_prep.sh), alternating, in one call:
+  # ROUNDS rounds of decode at the issue's five shapes and prefill, 3 and 4 bits.
+  for round in $(seq "${ROUNDS:-2}"); do
+    for lib in "$TQ_STAGE/old/libtq_kernels.so" build/plugin_cpp/kernels/libtq_kernels.so; do
+      tag=$([[ $lib == *old* ]] && echo old || echo new)
+      TQ_KERNELS_LIB=$lib python3 -m tq_trtllm.cli.bench decode --bits 3,4 --rotary-pairs 16 --json 2>&1 \
+        | sed "s/^{/{\"library\": \"$tag\", \"round\": $round, /" | tee -a "$OUT/compare_decode.jsonl" | cut -c1-160
+      TQ_KERNELS_LIB=$lib python3 -m tq_trtllm.cli.bench prefill --bits 3,4 --rotary-pairs 16 --json 2>&1 \
+        | sed "s/^{/{\"library\": \"$tag\", \"round\": $round, /" | tee -a "$OUT/compare_prefill.jsonl" | cut -c1-160
+    done
+  done
+  exit
+fi
 if [[ "$what" == tests || "$what" == all ]]; then
   python3 -m pytest tests/gpu -q -rs -x 2>&1 | tee "$OUT/tests.log" | tail -25
 fi

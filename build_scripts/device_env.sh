@@ -22,6 +22,11 @@ if [[ -d device_carry/lib ]]; then
   export TQ_KERNELS_LIB=$TQ_STAGE/bin/libtq_kernels.so
   if [[ -f device_carry/lib/REVISION ]]; then export TQ_REVISION=$(cat device_carry/lib/REVISION); fi
 fi
+# A previous library to compare against (device_verify_prep.sh), and this tree's revision.
+if [[ -f device_carry/old/libtq_kernels.so.xz && ! -f $TQ_STAGE/old/libtq_kernels.so ]]; then
+  mkdir -p "$TQ_STAGE/old"; xz -T8 -dc device_carry/old/libtq_kernels.so.xz > "$TQ_STAGE/old/libtq_kernels.so"
+fi
+if [[ -f device_carry/old/REVISION ]]; then export TQ_REVISION=$(cat device_carry/old/REVISION); fi
 if [[ -d $TQ_STAGE/site/flashinfer ]]; then
   export PYTHONPATH=$TQ_STAGE/site:$PYTHONPATH FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=16
 fi

@@ -19,6 +19,11 @@ if [[ "$what" == memcheck || "$what" == all ]]; then
     -k "block_edges or ragged and d64-h9x3-k3.5 or prefill and float16 or non_finite_new_row or fused_append or bad_input or page_shift or (matches_reference and 128 and (3 or 2.5)) or k5v3 or k3.5v2 or k2.5v2" \
     2>&1 | tee "$OUT/memcheck.log" | tail -15
 fi
+if [[ "$what" == racecheck ]]; then  # shared-memory races in the prefill and chunk passes
+  timeout 300 compute-sanitizer --tool racecheck --target-processes all --print-limit 20 \
+    python3 -m pytest -q -x tests/gpu/test_attention.py -k "prefill and float16" \
+    2>&1 | tee "$OUT/racecheck.log" | tail -8
+fi
 if [[ "$what" == ncu || "$what" == all ]]; then
   profile 240 --section MemoryWorkloadAnalysis --section SourceCounters \
     -k regex:attention_split --launch-skip 2 --launch-count 1 \
