@@ -9,7 +9,7 @@ source "$(dirname "$0")/device_env.sh"
 what="${1:-all}"
 if [[ "$what" == build || "$what" == all ]]; then
   JOBS=$(nproc) bash build_scripts/build_kernels.sh -DTENSORRT_INCLUDE_DIR="$PWD/device_carry/trt/include" \
-    -DTQ_PTXAS_GB=8 2>&1 | tail -4 | tee "$OUT/build.log" || exit 1
+    -DTQ_CUDA_SPLIT=12 2>&1 | tail -4 | tee "$OUT/build.log" || exit 1
 fi
 export TQ_KERNELS_LIB=build/plugin_cpp/kernels/libtq_kernels.so TQ_PLUGIN_BUILD_DIR=build/plugin_cpp/plugin
 if [[ "$what" == tests || "$what" == all ]]; then
