@@ -91,9 +91,9 @@ class TritonPythonModel:
         import torch
 
         device = "cpu"
-        if args.get("model_instance_kind") == "GPU":
+        if args.get("model_instance_kind") == "GPU":  # then as tq-run --device auto
             torch.cuda.set_device(int(args["model_instance_device_id"]))
-            device = "cuda"
+            device = "auto"
         else:  # each model instance is a process of its own: oversubscribed cores spin and stall
             torch.set_num_threads(int(params.get("cpu_threads", 1)))
         self.runner = open_runner(str(engine_dir), params.get("cache", "turboquant"), device)
@@ -114,6 +114,8 @@ class TritonPythonModel:
                                               sender.is_cancelled))
             except (TQError, ValueError, OverflowError) as err:
                 sender.send(_error(str(err)), flags=FINAL)
+            except Exception as err:  # whatever it is, this request gets an answer, the rest go on
+                sender.send(_error(f"{type(err).__name__}: {err}"), flags=FINAL)
         return None
 
     def finalize(self):
