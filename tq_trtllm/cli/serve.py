@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import click
 
 from ..core.errors import TQError
 from .common import clean_errors
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def write_trtllm(engines: list[Path], repo: Path) -> None:
@@ -65,6 +70,9 @@ def main(engines, repo, port, grpc_port, metrics_port, address, backend, kv_cach
     if write_only:
         return
     ports = launcher.Ports(port, grpc_port, metrics_port)
+    # the server runs in its own process group: a SIGTERM to tq-serve (a service manager's stop)
+    # must stop it as Ctrl-C does
+    signal.signal(signal.SIGTERM, _interrupt)
     proc = launcher.start_server(repo, ports, address)
     try:
         launcher.wait_ready(proc, address, ports, timeout, models or ())
@@ -76,7 +84,7 @@ def main(engines, repo, port, grpc_port, metrics_port, address, backend, kv_cach
         pass
     finally:
         launcher.stop_server(proc)
-    if proc.returncode not in (0, -15, None):
+    if proc.returncode not in (0, -signal.SIGTERM, None):
         raise TQError(f"tritonserver exited with status {proc.returncode}")
 
 
