@@ -290,11 +290,9 @@ __global__ void __launch_bounds__(32 * kPrefillWarps, kPrefillCtasPerSm) prefill
           for (int t = 0; t < kSub / 8; ++t) mx = fmaxf(mx, fmaxf(s[mt][4 * t + 2 * h], s[mt][4 * t + 2 * h + 1]));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float m_new = fmaxf(m_run[mt][h], mx);
-          m_use[mt][h] = m_new == -INFINITY ? 0.0f : m_new;
-          alpha[mt][h] = fast_exp2(m_run[mt][h] - m_use[mt][h]);
-          m_run[mt][h] = m_new;
-          l_run[mt][h] *= alpha[mt][h];
+          const SoftmaxStep step = online_softmax_step(m_run[mt][h], l_run[mt][h], mx);
+          m_use[mt][h] = step.base;
+          alpha[mt][h] = step.alpha;
         }
       // Rescale O where some row of the warp's m tile got a new maximum (after the first steps of a
       // long history, rarely).
