@@ -365,11 +365,6 @@ def test_the_run_refuses_a_length_beyond_the_block_table_and_a_missing_plan():
     assert b"plan and params must not be NULL" in lib.tq_last_error()
 
 
-@needs_library
-def test_the_library_is_the_abi_this_package_declares():
-    assert kernels.library().tq_abi_version() == kernels._lib.ABI_VERSION
-
-
 def test_own_rows_are_checked_before_the_library_is_called():
     """The new tokens' k and v (own=, the fused append's rows too) are checked against [batch, q_len,
     kv heads, head_dim] and q's dtype before the library is called (no GPU needed)."""

@@ -1,4 +1,4 @@
-// prefill_attention.cu: the attention pass of tq_prefill_attention for long chunks (more than
+// prefill_attention.cu: the attention pass of tq_attention_run for long chunks (more than
 // kPrefillMinRows query rows per KV head). The split pass decodes every tile once per 16 query
 // rows, so a 2,048-token chunk decoded the whole history 512 times; here a CTA of four warpgroups
 // serves kPrefillRows = 256 rows (64 per warpgroup: one wgmma m64 tile) and decodes each 128-token
@@ -22,7 +22,7 @@
 // wgmma's 8 x 8 core matrices (blocked<COLS>). Decoded coordinates are stored in run order: a run
 // is 32 consecutive group coordinates that decode_pairs emits in run_slot_coord order, so stored
 // column p holds coordinate run_coord(p). The query is stored in the same order and the output
-// scattered back by it. Each split writes the partial state the merge pass (attention.cu)
+// scattered back by it. Each split writes the partial state the merge pass (merge_kernel.cuh)
 // finishes, as the split pass does.
 #include "attention_common.cuh"
 #include "errors.h"

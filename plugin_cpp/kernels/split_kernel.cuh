@@ -444,7 +444,7 @@ __global__ void __launch_bounds__(32 * W, ctas_per_sm(NR, W)) attention_split_ke
   const CtaKeys keys = cta_keys(a, b, split, row0, kRows);
   const int L = keys.len, split_begin = keys.begin, split_end = keys.end;
 
-  // --- The fused append (tq_decode_attention_append). The call's positions are no split's to read
+  // --- The fused append (AttnArgs::append). The call's positions are no split's to read
   // (the chunk term takes them, cache_end): a one-token step's is encoded in CTAs of its own
   // (AttnArgs::append_cta0), a longer step's by the splits that hold them; every row tile's CTA of
   // the split writes the same bytes. ---
