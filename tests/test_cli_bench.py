@@ -32,8 +32,8 @@ def test_engine_step_adds_each_layer_at_its_own_widths(monkeypatch):
         def __init__(self, k, v):
             self.k, self.v = k, v
 
-        def call(self, fn_name="tq_decode_attention"):
-            return lambda: launched.append((fn_name, self.k, self.v))
+        def call(self, append=False):
+            return lambda: launched.append(("fused" if append else "attention", self.k, self.v))
 
     class FakeTimer:  # "times" a step as the number of calls it launched
         def graph_us(self, calls):
@@ -55,8 +55,8 @@ def test_engine_step_adds_each_layer_at_its_own_widths(monkeypatch):
     assert step.fused_us == step.tq_us + 4
     assert step.sdpa_us == 4 * 50.0 and step.speedup == 200.0 / 140.0
     # back to back: every layer once, in layer order, at its own widths, one graph per kind of call
-    assert launched == ([("tq_decode_attention", k, v) for k, v in widths] +
-                        [("tq_decode_attention_append", k, v) for k, v in widths] + [("sdpa",)] * 4)
+    assert launched == ([("attention", k, v) for k, v in widths] +
+                        [("fused", k, v) for k, v in widths] + [("sdpa",)] * 4)
     assert step.tq_graph_us == step.fused_graph_us == step.sdpa_graph_us == 4.0 and step.graph_speedup == 1.0
 
 

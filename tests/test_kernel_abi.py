@@ -1,6 +1,6 @@
 """The C ABI's contract where it needs no GPU (plugin_cpp/include/tq/tq_kernels.h): the packed
-format versions the library reads, the refusal of any other when the binding loads it, and
-tq_last_error kept per host thread. The library loads on a CPU machine once built."""
+format versions the library reads, the refusal of any other when the binding loads it, the C ABI
+version, and tq_last_error kept per host thread. The library loads on a CPU machine once built."""
 
 import threading
 
@@ -48,6 +48,22 @@ def test_a_library_of_another_format_version_is_refused_when_loaded(monkeypatch)
         monkeypatch.undo()
         _lib.library.cache_clear()
     assert _lib.library().tq_check_format_version(FORMAT_VERSION) == 0
+
+
+def test_a_library_of_another_abi_version_is_refused_when_loaded(monkeypatch):
+    """The binding declares the C ABI of tq_kernels.h's TQ_ABI_VERSION (the attention's plan and
+    run, their structs): a library of another version is refused with a message that says to
+    rebuild it, never called through mismatched signatures."""
+    assert kernels.library().tq_abi_version() == _lib.ABI_VERSION
+    monkeypatch.setattr(_lib, "ABI_VERSION", _lib.ABI_VERSION + 1)
+    _lib.library.cache_clear()
+    try:
+        with pytest.raises(TQError, match=rf"has C ABI version {_lib.ABI_VERSION - 1}, this package needs "
+                                          rf"{_lib.ABI_VERSION}; rebuild it"):
+            _lib.library()
+    finally:
+        monkeypatch.undo()
+        _lib.library.cache_clear()
 
 
 def test_last_error_is_kept_per_host_thread():

@@ -17,7 +17,7 @@ from tq_trtllm.core.packing import PageLayout
 from tq_trtllm.core.quantizer import VectorCodec
 from tq_trtllm.core.spec import SUPPORTED_WIDTHS, CodecSpec
 from tq_trtllm import kernels
-from tq_trtllm.kernels._lib import TqPagedCache
+from tq_trtllm.kernels._lib import TqAttentionParams, TqAttentionPlanInfo, TqPagedCache
 from tq_trtllm.kernels.ops import DeviceCodec
 
 from required import REQUIRE_CUDA_BUILD, needs
@@ -146,23 +146,54 @@ MEASURED_SPLITS = {
 }
 
 
-def planned_splits(batch, context, hq, hkv, d, q_len):
-    """The library's splits per sequence for a decode call. The split count shows in the workspace
-    the call needs (16 rows of d floats and one float2 per split and row tile), which the library
-    reports before it touches any device pointer."""
+def fake_cache(hkv=1, d=128, tokens=16, max_blocks=1, chunk_bytes=50 * 16, v_chunk_bytes=None):
+    """A 3-bit cache description at fake, host-side device addresses (never read: every call below
+    is refused, or stops at the workspace check, before anything is launched)."""
     codec = DeviceCodec(VectorCodec(CodecSpec(d, 3)), hkv, "cpu").struct
-    chunk = kernels.page_bytes(VectorCodec(CodecSpec(d, 3)), 64) * hkv
-    cache = TqPagedCache(k_pool=1 << 20, v_pool=1 << 21, k_chunk_bytes=chunk, v_chunk_bytes=chunk,
-                         block_table=1 << 22, max_blocks=-(-context // 64), tokens_per_block=64,
-                         num_kv_heads=hkv, num_chunks=1, key=codec, value=codec)
+    return TqPagedCache(k_pool=1 << 20, v_pool=1 << 21, k_chunk_bytes=chunk_bytes,
+                        v_chunk_bytes=chunk_bytes if v_chunk_bytes is None else v_chunk_bytes,
+                        block_table=1 << 22, max_blocks=max_blocks, tokens_per_block=tokens,
+                        num_kv_heads=hkv, num_chunks=1, key=codec, value=codec)
+
+
+def plan_of(batch, q_len, hq, hkv, d, max_kv_len, num_sms=132):
+    plan = TqAttentionPlanInfo()
     lib = kernels.library()
-    status = lib.tq_decode_attention(ctypes.byref(cache), None, None, 0, 1 << 23, 1 << 24, None, 0,
-                                     1 << 26, context, batch, q_len, hq, 0.1, None, 0, None)
+    assert lib.tq_attention_plan(batch, q_len, hq, hkv, d, max_kv_len, num_sms, ctypes.byref(plan)) == 0, \
+        lib.tq_last_error()
+    return plan
+
+
+def run_status(cache, batch=1, q_len=1, hq=1, max_kv_len=16, plan=None, workspace=None, workspace_bytes=0,
+               **fields):
+    """tq_attention_run's status for a call over `cache` at fake device addresses (q, out, kv_lens),
+    planned for its own shape unless `plan` is given; fields set the other params (k_new, v_new,
+    new_stride, lse, append, dtype, softmax_scale, ...)."""
+    lib = kernels.library()
+    if plan is None:
+        plan = plan_of(batch, q_len, hq, cache.num_kv_heads, cache.key.head_dim, max_kv_len)
+    args = dict(q=1 << 23, out=1 << 24, kv_lens=1 << 26, softmax_scale=0.1, dtype=0) | fields
+    params = TqAttentionParams(cache=ctypes.pointer(cache), max_kv_len=max_kv_len, batch=batch, q_len=q_len,
+                               num_q_heads=hq, **args)
+    return lib.tq_attention_run(ctypes.byref(plan), ctypes.byref(params), workspace, workspace_bytes, None)
+
+
+def planned_splits(batch, context, hq, hkv, d, q_len):
+    """The library's splits per sequence for a decode call of 3-bit codecs on 132 SMs. The split
+    count shows in the workspace the call needs (16 rows of d floats and one float2 per split and
+    row tile), which tq_attention_run reports before it touches any device pointer: it also pins
+    the run's choice between the plan's 4- and 8-warp CTAs by the codecs' shared memory."""
+    chunk = kernels.page_bytes(VectorCodec(CodecSpec(d, 3)), 64) * hkv
+    cache = fake_cache(hkv, d, 64, -(-context // 64), chunk)
+    lib = kernels.library()
+    status = run_status(cache, batch, q_len, hq, context)
     assert status == 7, lib.tq_last_error()  # TQ_ERR_WORKSPACE
     need = int(re.search(rb"needs (\d+) bytes", lib.tq_last_error()).group(1))
     row_tiles = -(-q_len * hq // hkv // 16)
     slots = (need - 16) // (4 * d + 8)
     assert slots % (batch * hkv * row_tiles * 16) == 0
+    plan = plan_of(batch, q_len, hq, hkv, d, context)
+    assert need <= plan.workspace_bytes
     return slots // (batch * hkv * row_tiles * 16)
 
 
@@ -206,36 +237,23 @@ def test_the_fused_append_tests_take_both_append_paths():
 def test_library_refuses_a_chunk_stride_of_4_gib():
     """The kernels address a chunk with one 32 x 32-bit product: a stride of 4 GiB or more is
     refused with a reason before any device pointer is touched, never wrapped."""
-    codec = DeviceCodec(VectorCodec(CodecSpec(128, 3)), 1, "cpu").struct
-    cache = TqPagedCache(k_pool=1 << 20, v_pool=1 << 21, k_chunk_bytes=50 * 16,
-                         v_chunk_bytes=(1 << 32) + 16, block_table=1 << 22, max_blocks=1,
-                         tokens_per_block=16, num_kv_heads=1, num_chunks=1, key=codec, value=codec)
     lib = kernels.library()
-    status = lib.tq_decode_attention(ctypes.byref(cache), None, None, 0, 1 << 23, 1 << 24, None, 0,
-                                     1 << 26, 16, 1, 1, 1, 0.1, None, 0, None)
-    assert status == 6, lib.tq_last_error()  # TQ_ERR_INVALID_ARGUMENT
+    assert run_status(fake_cache(v_chunk_bytes=(1 << 32) + 16)) == 6, lib.tq_last_error()  # INVALID_ARGUMENT
     assert b"v_chunk_bytes 4294967312 must be below 4 GiB" in lib.tq_last_error()
 
 
 @needs_library
-@pytest.mark.parametrize("fn_name", ["tq_decode_attention", "tq_prefill_attention"])
-def test_library_checks_lse_in_its_argument_position(fn_name):
+def test_library_checks_lse_and_the_new_rows_in_their_fields():
     """A misaligned lse, or only one of k_new and v_new, is refused before anything touches the
-    (fake, host-side) device pointers: this pins where they sit in the C signature and in the
-    ctypes argtypes."""
-    codec = DeviceCodec(VectorCodec(CodecSpec(128, 3)), 1, "cpu").struct
-    cache = TqPagedCache(k_pool=1 << 20, v_pool=1 << 21, k_chunk_bytes=50 * 16,
-                         v_chunk_bytes=50 * 16, block_table=1 << 22, max_blocks=1, tokens_per_block=16,
-                         num_kv_heads=1, num_chunks=1, key=codec, value=codec)
+    (fake, host-side) device pointers: this pins where they sit in tq_attention_params and in its
+    ctypes mirror."""
     lib = kernels.library()
-    def call(k_new, v_new, lse):
-        return getattr(lib, fn_name)(ctypes.byref(cache), k_new, v_new, 128, 1 << 23, 1 << 24, lse,
-                                     0, 1 << 26, 16, 1, 1, 1, 0.1, None, 0, None)
-
-    assert call(None, None, (1 << 25) + 2) == 5  # TQ_ERR_MISALIGNED
+    cache = fake_cache()
+    assert run_status(cache, lse=(1 << 25) + 2) == 5  # TQ_ERR_MISALIGNED
     assert b"lse must be 4-byte aligned" in lib.tq_last_error()
     # the new tokens' rows are optional, but only together
-    assert call(1 << 27, None, None) == 1 and b"k_new and v_new must be given together" in lib.tq_last_error()
+    assert run_status(cache, k_new=1 << 27, new_stride=128) == 1
+    assert b"k_new and v_new must be given together" in lib.tq_last_error()
 
 
 @pytest.mark.parametrize("lse", [torch.zeros(1, 2, 4, dtype=torch.float16), torch.zeros(1, 2, 3),
@@ -257,27 +275,94 @@ def test_attention_refuses_a_page_shift_of_another_head_count():
 
 @needs_library
 def test_library_checks_the_fused_appends_arguments():
-    """tq_decode_attention_append refuses missing or misaligned new rows and a short stride before
-    touching the (fake, host-side) device pointers, and checks lse in its own position: this pins
-    its C signature and ctypes argtypes."""
-    codec = DeviceCodec(VectorCodec(CodecSpec(128, 3)), 1, "cpu").struct
-    cache = TqPagedCache(k_pool=1 << 20, v_pool=1 << 21, k_chunk_bytes=50 * 16,
-                         v_chunk_bytes=50 * 16, block_table=1 << 22, max_blocks=1, tokens_per_block=16,
-                         num_kv_heads=1, num_chunks=1, key=codec, value=codec)
+    """The fused append (append=1) refuses missing or misaligned new rows, a short stride and a
+    call longer than a decode step before touching the (fake, host-side) device pointers, and
+    checks lse with it: this pins the fields of tq_attention_params and their ctypes mirror."""
+    cache = fake_cache()
     lib = kernels.library()
+    cases = [(dict(v_new=1 << 27), 1, b"given together"),
+             (dict(), 1, b"append needs k_new and v_new"),
+             (dict(k_new=1 << 27, v_new=(1 << 28) + 2), 5, b"k_new and v_new must be 4-byte aligned"),
+             (dict(k_new=1 << 27, v_new=1 << 28, new_stride=129), 5, b"new_stride 129 must be even"),
+             (dict(k_new=1 << 27, v_new=1 << 28, new_stride=64), 6,
+              b"new_stride 64 is smaller than num_kv_heads x head_dim"),
+             (dict(k_new=1 << 27, v_new=1 << 28, lse=(1 << 25) + 2), 5, b"lse must be 4-byte aligned"),
+             (dict(k_new=1 << 27, v_new=1 << 28, q_len=9), 4, b"append takes q_len 1..8"),
+             (dict(k_new=1 << 27, v_new=1 << 28, append=2), 6, b"append 2 must be 0 or 1")]
+    for fields, status, message in cases:
+        rows = {"new_stride": 128, "append": 1} | fields
+        q_len = rows.pop("q_len", 1)
+        assert run_status(cache, q_len=q_len, max_kv_len=16, **rows) == status, (fields, lib.tq_last_error())
+        assert message in lib.tq_last_error(), fields
 
-    def call(k_new, v_new, stride, lse=None):
-        return lib.tq_decode_attention_append(ctypes.byref(cache), k_new, v_new, stride, 1 << 23,
-                                              1 << 24, lse, 0, 1 << 26, 16, 1, 1, 1, 0.1, None, 0,
-                                              None)
 
-    cases = [((None, 1 << 27, 128), 1, b"k_new and v_new must not be NULL"),
-             ((1 << 27, (1 << 28) + 2, 128), 5, b"k_new and v_new must be 4-byte aligned"),
-             ((1 << 27, 1 << 28, 129), 5, b"new_stride 129 must be even"),
-             ((1 << 27, 1 << 28, 64), 6, b"new_stride 64 is smaller than num_kv_heads x head_dim"),
-             ((1 << 27, 1 << 28, 128, (1 << 25) + 2), 5, b"lse must be 4-byte aligned")]
-    for args, status, message in cases:
-        assert call(*args) == status and message in lib.tq_last_error()
+@needs_library
+@pytest.mark.parametrize("args, status, message", [
+    ((0, 1, 8, 8, 128, 10, 0), 4, b"batch 0 must be >= 1"),
+    ((1, 0, 8, 8, 128, 10, 0), 4, b"q_len 0 in 1..1048576"),
+    ((1, 1 << 21, 8, 8, 128, 10, 0), 4, b"q_len 2097152 in 1..1048576"),
+    ((1, 1, 8, 8, 128, -1, 0), 4, b"max_kv_len -1 must be >= 0"),
+    ((65536, 1, 8, 8, 128, 10, 0), 4, b"exceeds the grid limit"),
+    ((1, 1, 12, 8, 128, 10, 0), 6, b"num_q_heads 12 must be 1 to 8 times num_kv_heads 8"),
+    ((1, 1, 72, 8, 128, 10, 0), 6, b"num_q_heads 72"),
+    ((1, 1, 8, 0, 128, 10, 0), 6, b"num_kv_heads 0"),
+    ((1, 1, 8, 8, 96, 10, 0), 2, b"head_dim 96 is not supported"),
+    ((1, 1, 8, 8, 128, 10, -1), 6, b"num_sms -1 must be >= 0"),
+])
+def test_the_plan_refuses_each_bad_shape(args, status, message):
+    lib = kernels.library()
+    plan = TqAttentionPlanInfo()
+    assert lib.tq_attention_plan(*args, ctypes.byref(plan)) == status
+    assert message in lib.tq_last_error()
+    assert lib.tq_attention_plan(*args, None) == 1  # TQ_ERR_NULL_POINTER: no plan to fill
+
+
+@needs_library
+def test_a_plan_is_deterministic_and_says_what_it_planned():
+    """The same shape gives the same plan; its fields are the shape, the SM count, the pass and
+    the splits of both CTA shapes (1 x 131,072 on 132 SMs: 49 splits of 4-warp CTAs, 32 of 8)."""
+    first, second = plan_of(1, 1, 32, 8, 128, 131072), plan_of(1, 1, 32, 8, 128, 131072)
+    assert bytes(first) == bytes(second)
+    assert (first.batch, first.q_len, first.num_q_heads, first.num_kv_heads, first.head_dim,
+            first.max_kv_len, first.num_sms) == (1, 1, 32, 8, 128, 131072, 132)
+    assert (first.prefill, first.num_splits, first.wide_num_splits) == (0, 49, 32)
+    assert plan_of(1, 100, 32, 8, 128, 4096).prefill == 1
+    # the Python front end plans a shape once and reuses the plan (every layer of a step)
+    shape = (1, 1, 32, 8, 128, 131072, 132)
+    assert kernels.attention_plan(*shape) is kernels.attention_plan(*shape)
+
+
+@needs_library
+@pytest.mark.parametrize("fields, status, message", [
+    (dict(batch=2), 6, b"is not the shape its plan was made for"),
+    (dict(q_len=2), 6, b"is not the shape its plan was made for"),
+    (dict(hq=2), 6, b"is not the shape its plan was made for"),
+    (dict(max_kv_len=15), 6, b"is not the shape its plan was made for"),
+    (dict(q=None), 1, b"q, out and kv_lens must not be NULL"),
+    (dict(out=None), 1, b"q, out and kv_lens must not be NULL"),
+    (dict(kv_lens=None), 1, b"q, out and kv_lens must not be NULL"),
+    (dict(dtype=2), 6, b"dtype 2 is neither TQ_FP16 nor TQ_BF16"),
+    (dict(softmax_scale=0.0), 6, b"softmax_scale must be positive and finite"),
+    (dict(softmax_scale=float("inf")), 6, b"softmax_scale must be positive and finite"),
+    (dict(workspace=1 << 29, workspace_bytes=16), 7, b"the workspace needs"),
+    (dict(workspace=(1 << 29) + 8, workspace_bytes=1 << 20), 5, b"the workspace must be 16-byte aligned"),
+])
+def test_the_run_refuses_each_bad_argument(fields, status, message):
+    """Every check of tq_attention_run against a plan of batch 1, q_len 1, one query head and 16
+    positions answers with its status and message before anything is launched."""
+    lib = kernels.library()
+    call = {"batch": 1, "q_len": 1, "hq": 1, "max_kv_len": 16} | fields
+    assert run_status(fake_cache(), plan=plan_of(1, 1, 1, 1, 128, 16), **call) == status, lib.tq_last_error()
+    assert message in lib.tq_last_error()
+
+
+@needs_library
+def test_the_run_refuses_a_length_beyond_the_block_table_and_a_missing_plan():
+    lib = kernels.library()
+    assert run_status(fake_cache(), max_kv_len=17) == 4 and b"beyond the block table" in lib.tq_last_error()
+    params = TqAttentionParams()
+    assert lib.tq_attention_run(None, ctypes.byref(params), None, 0, None) == 1
+    assert b"plan and params must not be NULL" in lib.tq_last_error()
 
 
 def test_own_rows_are_checked_before_the_library_is_called():

@@ -117,14 +117,29 @@ int main(int argc, char** argv) {
   __half* out_dev = nullptr;
   check(cudaMalloc(&out_dev, q.size() * sizeof(__half)), "cudaMalloc");
   int32_t* kv_len_dev = to_device(std::vector<int32_t>{kv_len});
-  const size_t ws_bytes = tq_attention_workspace_bytes(1, 1, kQHeads, kKvHeads, kHeadDim, kv_len);
-  if (ws_bytes == 0) check(TQ_ERR_INVALID_ARGUMENT, "tq_attention_workspace_bytes");
+  // A plan for the step's shape (one per step: every layer's call reuses it), its workspace, then
+  // the call with the append fused in.
+  tq_attention_plan_info plan{};
+  check(tq_attention_plan(1, 1, kQHeads, kKvHeads, kHeadDim, kv_len, 0, &plan), "tq_attention_plan");
   void* workspace = nullptr;
-  check(cudaMalloc(&workspace, ws_bytes), "cudaMalloc");
+  check(cudaMalloc(&workspace, plan.workspace_bytes), "cudaMalloc");
+  tq_attention_params params{};
+  params.cache = &cache;
+  params.q = q_dev;
+  params.out = out_dev;
+  params.k_new = k_new_dev;
+  params.v_new = v_new_dev;
+  params.new_stride = int64_t(row);
+  params.append = 1;
+  params.kv_lens = kv_len_dev;
+  params.max_kv_len = kv_len;
+  params.batch = 1;
+  params.q_len = 1;
+  params.num_q_heads = kQHeads;
   const float scale = 1.0f / std::sqrt(float(kHeadDim));
-  check(tq_decode_attention_append(&cache, k_new_dev, v_new_dev, int64_t(row), q_dev, out_dev, nullptr, TQ_FP16,
-                                   kv_len_dev, kv_len, 1, 1, kQHeads, scale, workspace, ws_bytes, nullptr),
-        "tq_decode_attention_append");
+  params.softmax_scale = scale;
+  params.dtype = TQ_FP16;
+  check(tq_attention_run(&plan, &params, workspace, plan.workspace_bytes, nullptr), "tq_attention_run");
 
   // The check: fp32 attention over the history as the library decodes it (tq_dequantize) and the
   // new token's exact key and value.

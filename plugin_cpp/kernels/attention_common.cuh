@@ -1,13 +1,15 @@
-// attention_common.cuh: what the two attention passes over the packed cache share (attention.cu:
-// the split pass for decode and short chunks, the merge pass and the C ABI; prefill_attention.cu:
-// the pass for long chunks): the call's arguments and workspace layout, the key range and causal
-// limits of a CTA, staging of page tiles, the query rotation and the codebook look-up tables.
+// attention_common.cuh: what the attention passes over the packed cache share (split_kernel.cuh:
+// the split pass for decode and short chunks; merge_kernel.cuh: the merge pass; prefill_attention.cu:
+// the pass for long chunks; chunk_attention.cu: the chunk term of long calls): the key range and
+// causal limits of a CTA, staging of page tiles, the online-softmax step, the query rotation and the
+// codebook look-up tables. Their arguments and workspace layout: attention_params.cuh.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <climits>
 
+#include "attention_params.cuh"
 #include "cache.h"
 #include "device_common.cuh"
 #include "encode_vector.cuh"
@@ -17,81 +19,7 @@
 
 namespace tq {
 
-constexpr int kTile = 16;  // tokens per staged page tile of the prefill pass, per mma of the split pass
-constexpr int kChunk = 32;  // tokens per staged tile (one warp iteration) of the split pass
-constexpr int kRows = 16;  // query rows per row tile of the workspace
 constexpr float kLog2e = 1.4426950408889634f;
-// Query rows per KV head above which tq_prefill_attention runs the prefill pass (256-row CTAs that
-// decode each tile once into shared memory) instead of the split pass (16-row CTAs).
-constexpr int kPrefillMinRows = 64;
-constexpr int kPrefillWarps = 16;  // four warpgroups
-constexpr int kPrefillRows = 256;  // query rows per CTA of the prefill pass, 16 per warp
-constexpr int kPrefillCtasPerSm = 1;
-
-constexpr int kNoAppendCtas = 0x7fffffff;  // AttnArgs::append_cta0: no append CTAs
-
-// A divisor known only at run time, with its reciprocal from the host: x / d by one float product
-// and a correction instead of an integer division (about 20 instructions and a MUFU round trip,
-// several of which sat on the split pass's prologue chain). For 0 <= x < kSmallDividendLimit,
-// float(x) is exact and the product lies within 1 of x / d, which the remainder's sign corrects.
-constexpr int kSmallDividendLimit = 1 << 24;
-struct SmallDivisor {
-  int d;
-  float inv;  // 1 / d
-};
-inline SmallDivisor small_divisor(int d) { return {d, 1.0f / float(d)}; }
-__host__ __device__ inline int quotient(int x, SmallDivisor s) {
-  const int q = int(float(x) * s.inv), r = x - q * s.d;
-  return r < 0 ? q - 1 : r >= s.d ? q + 1 : q;
-}
-
-// Query rows are the q_len x group query vectors that share one KV head: row = token * group +
-// head in group.
-struct AttnArgs {
-  CacheView cache;
-  PageShape tile[2];    // K and V laid out for a kTile-token staging tile (prefill pass)
-  PageShape chunk[2];   // ... for a kChunk-token staging tile (split pass)
-  const void* q;
-  void* out;
-  float* lse;           // [batch][q_len][num_q_heads] natural-log log-sum-exp, or null
-  const int32_t* kv_lens;
-  int max_kv_len, q_len, num_q_heads, rows;
-  SmallDivisor group;      // query heads per KV head (rows < kSmallDividendLimit: attention())
-  SmallDivisor row_tiles;  // 16-row tiles per (sequence, KV head) in the workspace
-  int num_splits, split_tokens;
-  float q_scale;        // softmax_scale * log2(e)
-  // The call's new keys and values, the rows of the last q_len positions (k_new, v_new), or null.
-  // Given, each query row attends to the call's positions up to its own with them, exactly (the
-  // chunk term: the merge pass, or the chunk pass for long calls), and the passes over the cache
-  // stop before the call's first position (cache_end).
-  const void* new_kv[2];
-  int64_t new_stride;     // their token stride, elements
-  bool append;            // the fused append: new_kv written into the pages
-  // A one-token step's fused append runs in CTAs of its own, as no split reads that position
-  // (cache_end): the split pass's from append_cta0 on (launched after every split's CTA), else
-  // (kNoAppendCtas) the merge pass's after its query rows' (merge_appends). A longer step's: the
-  // splits whose ranges hold the new positions encode them (none reads them).
-  int append_cta0;
-  bool merge_appends;
-  // The split pass lets the merge pass start at once, not after its tile loop (attention()).
-  bool merge_at_start;
-  float* ws_o;          // [batch][Hkv][row_tiles * 16][splits][D]: unnormalized partial outputs
-  float2* ws_ml;        // [batch][Hkv][row_tiles * 16][splits]: (running max, sum) in base 2
-  // The chunk pass's states (calls with new_kv longer than kMaxMergeChunk), else null:
-  // [batch][Hkv][row_tiles * 16] rows (chunk_slot), the output in original channels.
-  float* chunk_o;
-  float2* chunk_ml;     // (max, sum) in base 2, in units of q_scale q . k (the key mean left in)
-};
-
-// Calls with new_kv of at most this many tokens take their chunk term in the merge pass (a loop
-// over the call's positions per query row); longer ones in the chunk pass (tensor cores).
-constexpr int kMaxMergeChunk = TQ_MAX_DECODE_Q_LEN;
-
-// Query row r's slot among the chunk pass's states (AttnArgs::chunk_o, chunk_ml).
-__host__ __device__ inline int64_t chunk_slot(const AttnArgs& a, int b, int kvh, int r) {
-  return (int64_t(b) * a.cache.num_kv_heads + kvh) * a.row_tiles.d * kRows + r;
-}
-
 
 // Issues the 16-byte copies of `chunks` consecutive chunks, lane-strided, from byte `offset` of
 // `src`. With a compile-time count (specialized kernels) the loop unrolls into a fixed set of
@@ -136,6 +64,23 @@ __device__ inline float fast_exp2(float x) {
   return y;
 }
 
+// One online-softmax step of a query row (base 2) over a tile whose largest score is mx: the row's
+// running maximum m_run moves to max(m_run, mx) and its running sum l_run is rescaled to it; the
+// tile's probabilities are exp2(score - base), base the new maximum or 0 while the row has seen
+// nothing (so that no -inf - -inf arises), and alpha rescales the row's output as l_run was. The
+// split, chunk and prefill passes share it.
+struct SoftmaxStep {
+  float base, alpha;
+};
+__device__ __forceinline__ SoftmaxStep online_softmax_step(float& m_run, float& l_run, float mx) {
+  const float m_new = fmaxf(m_run, mx);
+  const float base = m_new == -INFINITY ? 0.0f : m_new;
+  const float alpha = fast_exp2(m_run - base);
+  m_run = m_new;
+  l_run *= alpha;
+  return {base, alpha};
+}
+
 // Sequence b's length as the kernels read it: kv_lens[b] clamped to [0, max_kv_len].
 __device__ inline int seq_len(const AttnArgs& a, int b) { return max(0, min(a.kv_lens[b], a.max_kv_len)); }
 
@@ -164,11 +109,6 @@ __device__ inline CtaKeys cta_keys(const AttnArgs& a, int b, int split, int row0
 // The last cached position query row r reads; padding rows (r >= rows) are never written out: no limit.
 __device__ inline int causal_limit(const AttnArgs& a, int len, int r) {
   return r < a.rows ? cache_end(a, len, quotient(r, a.group)) - 1 : INT_MAX;
-}
-
-// The workspace slot of query row r's partial state in split `split` (AttnArgs::ws_o, ws_ml).
-__host__ __device__ inline int64_t ws_slot(const AttnArgs& a, int b, int kvh, int r, int split) {
-  return ((int64_t(b) * a.cache.num_kv_heads + kvh) * a.row_tiles.d * kRows + r) * a.num_splits + split;
 }
 
 // The rotary mean in attention (FORMAT.md section 1.1): q . R(pos) m = sum_i Re(z_i e^{i pos f_i})

@@ -120,11 +120,9 @@ __global__ void __launch_bounds__(32 * kChunkWarps, 2) chunk_kernel(AttnArgs a) 
         }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m[h], mx);
-      const float base = m_new == -INFINITY ? 0.0f : m_new;  // a row that has seen nothing yet
-      scale[h] = fast_exp2(m[h] - base);
-      m[h] = m_new;
-      l[h] *= scale[h];
+      const SoftmaxStep step = online_softmax_step(m[h], l[h], mx);
+      const float base = step.base;
+      scale[h] = step.alpha;
 #pragma unroll
       for (int nt = 0; nt < kKeyTile / 8; ++nt)
 #pragma unroll

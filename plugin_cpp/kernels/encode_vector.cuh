@@ -1,7 +1,7 @@
 // encode_vector.cuh: one warp encodes one key or value vector into its slot of a page
 // (docs/FORMAT.md section 1, steps 1-4; the Python reference is tq_trtllm.core.quantizer): mean,
 // scale, permutation, signs, per-group norm, rotation, quantization, gain, packing, write. Used by
-// tq_quantize_append and by the fused append of tq_decode_attention_append.
+// tq_quantize_append and by the fused append of tq_attention_run (tq_attention_params::append).
 #pragma once
 
 #include "device_common.cuh"

@@ -1,4 +1,4 @@
-// prefill_attention.cu: the attention pass of tq_prefill_attention for long chunks (more than
+// prefill_attention.cu: the attention pass of tq_attention_run for long chunks (more than
 // kPrefillMinRows query rows per KV head). The split pass decodes every tile once per 16 query
 // rows, so a 2,048-token chunk decoded the whole history 512 times; here a CTA of four warpgroups
 // serves kPrefillRows = 256 rows (64 per warpgroup: one wgmma m64 tile) and decodes each 128-token
@@ -22,7 +22,7 @@
 // wgmma's 8 x 8 core matrices (blocked<COLS>). Decoded coordinates are stored in run order: a run
 // is 32 consecutive group coordinates that decode_pairs emits in run_slot_coord order, so stored
 // column p holds coordinate run_coord(p). The query is stored in the same order and the output
-// scattered back by it. Each split writes the partial state the merge pass (attention.cu)
+// scattered back by it. Each split writes the partial state the merge pass (merge_kernel.cuh)
 // finishes, as the split pass does.
 #include "attention_common.cuh"
 #include "errors.h"
@@ -290,11 +290,9 @@ __global__ void __launch_bounds__(32 * kPrefillWarps, kPrefillCtasPerSm) prefill
           for (int t = 0; t < kSub / 8; ++t) mx = fmaxf(mx, fmaxf(s[mt][4 * t + 2 * h], s[mt][4 * t + 2 * h + 1]));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float m_new = fmaxf(m_run[mt][h], mx);
-          m_use[mt][h] = m_new == -INFINITY ? 0.0f : m_new;
-          alpha[mt][h] = fast_exp2(m_run[mt][h] - m_use[mt][h]);
-          m_run[mt][h] = m_new;
-          l_run[mt][h] *= alpha[mt][h];
+          const SoftmaxStep step = online_softmax_step(m_run[mt][h], l_run[mt][h], mx);
+          m_use[mt][h] = step.base;
+          alpha[mt][h] = step.alpha;
         }
       // Rescale O where some row of the warp's m tile got a new maximum (after the first steps of a
       // long history, rarely).

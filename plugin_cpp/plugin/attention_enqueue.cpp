@@ -56,6 +56,16 @@ bool kernelOk(tq_status status, char const* step, std::string& error) {
   return false;
 }
 
+// One attention call, planned for its shape (tq_attention_plan on the current device), then run.
+bool attend(tq_attention_params const& params, void* workspace, size_t workspaceBytes, tq_stream stream,
+            char const* step, std::string& error) {
+  tq_attention_plan_info plan{};
+  return kernelOk(tq_attention_plan(params.batch, params.q_len, params.num_q_heads, params.cache->num_kv_heads,
+                                    params.cache->key.head_dim, params.max_kv_len, 0, &plan),
+                  step, error) &&
+         kernelOk(tq_attention_run(&plan, &params, workspace, workspaceBytes, stream), step, error);
+}
+
 int32_t run(PluginConfig const& c, DeviceTables& tables, nvinfer1::PluginTensorDesc const* desc,
             void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream, std::string& error) {
   std::vector<nvinfer1::Dims> dims(kNumInputs);
@@ -110,7 +120,7 @@ int32_t run(PluginConfig const& c, DeviceTables& tables, nvinfer1::PluginTensorD
   cache.value = tables.valueCodec();
   cache.page_lse_shift = tables.pageShift();
   // Context tokens come first in the batch: they are appended here; generation tokens are appended
-  // by the decode attention call itself (tq_decode_attention_append: one launch fewer per step).
+  // by the decode attention call itself (tq_attention_params::append: one launch fewer per step).
   int64_t const kvStride = 2 * int64_t(c.numKvHeads) * c.headDim;
   int32_t const contextTokens = plan.numGeneration > 0 ? plan.requests[plan.numContext].tokenBegin : numTokens;
   if (contextTokens > 0 &&
@@ -119,33 +129,44 @@ int32_t run(PluginConfig const& c, DeviceTables& tables, nvinfer1::PluginTensorD
                 "quantize-append", error))
     return 1;
 
-  float const softmaxScale = 1.f / std::sqrt(float(c.headDim));
   int64_t const rowBytes = int64_t(c.numQHeads) * c.headDim * elem;
   char* out = static_cast<char*>(outputs[kOutput]);
   int64_t const tableRow = 2 * int64_t(pool.maxBlocks);  // beam width 1
   void* attnWs = w + ws.attention;
+  // What every attention call shares; each sets its requests' rows, lengths and shape.
+  tq_attention_params attn{};
+  attn.cache = &cache;
+  attn.new_stride = kvStride;
+  attn.num_q_heads = c.numQHeads;
+  attn.softmax_scale = 1.f / std::sqrt(float(c.headDim));
+  attn.dtype = dtype;
+  auto rowsFrom = [&](int32_t token) {  // the call's rows from the batch's token `token` on
+    char const* kNew = kv + token * kvStride * elem;  // each token attends to its own K/V exactly
+    attn.k_new = kNew;
+    attn.v_new = kNew + c.numKvHeads * c.headDim * elem;
+    attn.q = q + token * rowBytes;
+    attn.out = out + token * rowBytes;
+  };
   for (int32_t r = 0; r < plan.numContext; ++r) {
     RequestSlice const& req = plan.requests[r];
     cache.block_table = pool.blockTable + r * tableRow;
-    char const* kNew = kv + req.tokenBegin * kvStride * elem;  // each token attends to its own K/V exactly
-    if (!kernelOk(tq_prefill_attention(&cache, kNew, kNew + c.numKvHeads * c.headDim * elem, kvStride,
-                                       q + req.tokenBegin * rowBytes, out + req.tokenBegin * rowBytes,
-                                       /*lse=*/nullptr, dtype, kvLens + r, req.kvLen, 1, req.numTokens, c.numQHeads,
-                                       softmaxScale, attnWs, ws.attentionBytes, s),
-                  "prefill attention", error))
-      return 1;
+    rowsFrom(req.tokenBegin);
+    attn.kv_lens = kvLens + r;
+    attn.max_kv_len = req.kvLen;
+    attn.batch = 1;
+    attn.q_len = req.numTokens;
+    if (!attend(attn, attnWs, ws.attentionBytes, s, "prefill attention", error)) return 1;
   }
   if (plan.numGeneration > 0) {
     int32_t const first = plan.numContext;
-    int32_t const token = plan.requests[first].tokenBegin;
     cache.block_table = pool.blockTable + first * tableRow;
-    char const* kNew = kv + token * kvStride * elem;
-    if (!kernelOk(tq_decode_attention_append(&cache, kNew, kNew + c.numKvHeads * c.headDim * elem, kvStride,
-                                             q + token * rowBytes, out + token * rowBytes, /*lse=*/nullptr, dtype,
-                                             kvLens + first, plan.maxGenerationKvLen, plan.numGeneration, 1,
-                                             c.numQHeads, softmaxScale, attnWs, ws.attentionBytes, s),
-                  "decode attention", error))
-      return 1;
+    rowsFrom(plan.requests[first].tokenBegin);
+    attn.kv_lens = kvLens + first;
+    attn.max_kv_len = plan.maxGenerationKvLen;
+    attn.batch = plan.numGeneration;
+    attn.q_len = 1;
+    attn.append = 1;  // the generation tokens' quantize-append, fused in
+    if (!attend(attn, attnWs, ws.attentionBytes, s, "decode attention", error)) return 1;
   }
   return 0;
 }

@@ -78,6 +78,17 @@ bool checkInputShapes(PluginConfig const& c, nvinfer1::Dims const* dims, int32_t
 namespace {
 constexpr size_t kAlign = 256;
 size_t alignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// The attention workspace that serves every call of at most this shape on the current device
+// (tq_attention_plan_info::workspace_bytes); 0 for a shape the library refuses (the call's own
+// plan then says why at enqueue).
+size_t attentionBytes(PluginConfig const& c, int64_t batch, int64_t qLen, int32_t kvLen) {
+  tq_attention_plan_info plan{};
+  if (tq_attention_plan(int32_t(std::min<int64_t>(batch, INT32_MAX)), int32_t(std::min<int64_t>(qLen, INT32_MAX)),
+                        c.numQHeads, c.numKvHeads, c.headDim, kvLen, 0, &plan) != TQ_OK)
+    return 0;
+  return plan.workspace_bytes;
+}
 }  // namespace
 
 WorkspaceLayout workspaceLayout(PluginConfig const& c, int64_t numTokens, int64_t batch, int64_t maxKvLen,
@@ -91,11 +102,7 @@ WorkspaceLayout workspaceLayout(PluginConfig const& c, int64_t numTokens, int64_
   // One context request at a time (batch 1, its whole chunk) or all generation requests at once
   // (q_len 1): the calls run one after another on the stream and share this region.
   int32_t const kvLen = int32_t(std::min<int64_t>(maxKvLen, INT32_MAX));
-  w.attentionBytes = std::max(
-      tq_attention_workspace_bytes(1, int32_t(std::min<int64_t>(numTokens, INT32_MAX)), c.numQHeads, c.numKvHeads, c.headDim,
-                                   kvLen),
-      tq_attention_workspace_bytes(int32_t(std::min<int64_t>(batch, INT32_MAX)), 1, c.numQHeads, c.numKvHeads, c.headDim,
-                                   kvLen));
+  w.attentionBytes = std::max(attentionBytes(c, 1, numTokens, kvLen), attentionBytes(c, batch, 1, kvLen));
   w.total = alignUp(w.attention + w.attentionBytes);
   return w;
 }

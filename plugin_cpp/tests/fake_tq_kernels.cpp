@@ -1,6 +1,6 @@
 // fake_tq_kernels.cpp: a host-only test double of the kernel library's C ABI, so the plugin's
 // build-time methods are tested on a machine without a GPU or a built kernel library. Every
-// device entry point fails; the workspace size is a fixed formula the test checks for.
+// device entry point fails; the plan's workspace size is a fixed formula the test checks for.
 #include "tq/tq_kernels.h"
 #include "tq/tq_rope.h"
 
@@ -8,9 +8,12 @@ extern "C" {
 
 const char* tq_last_error(void) { return "fake kernel library: no device"; }
 
-size_t tq_attention_workspace_bytes(int32_t batch, int32_t q_len, int32_t num_q_heads, int32_t num_kv_heads,
-                                    int32_t head_dim, int32_t max_kv_len) {
-  return size_t(batch) * q_len * num_q_heads * 8 + size_t(num_kv_heads) * head_dim + size_t(max_kv_len);
+tq_status tq_attention_plan(int32_t batch, int32_t q_len, int32_t num_q_heads, int32_t num_kv_heads,
+                            int32_t head_dim, int32_t max_kv_len, int32_t num_sms, tq_attention_plan_info* plan) {
+  *plan = tq_attention_plan_info{batch, q_len, num_q_heads, num_kv_heads, head_dim, max_kv_len, num_sms};
+  plan->workspace_bytes =
+      size_t(batch) * q_len * num_q_heads * 8 + size_t(num_kv_heads) * head_dim + size_t(max_kv_len);
+  return TQ_OK;
 }
 
 tq_status tq_quantize_append(const tq_paged_cache*, const void*, const void*, int64_t, tq_dtype, const int32_t*,
@@ -18,21 +21,7 @@ tq_status tq_quantize_append(const tq_paged_cache*, const void*, const void*, in
   return TQ_ERR_CUDA;
 }
 
-tq_status tq_decode_attention(const tq_paged_cache*, const void*, const void*, int64_t, const void*, void*, float*,
-                              tq_dtype, const int32_t*, int32_t, int32_t, int32_t, int32_t, float, void*, size_t,
-                              tq_stream) {
-  return TQ_ERR_CUDA;
-}
-
-tq_status tq_decode_attention_append(const tq_paged_cache*, const void*, const void*, int64_t, const void*, void*,
-                                     float*, tq_dtype, const int32_t*, int32_t, int32_t, int32_t, int32_t, float, void*,
-                                     size_t, tq_stream) {
-  return TQ_ERR_CUDA;
-}
-
-tq_status tq_prefill_attention(const tq_paged_cache*, const void*, const void*, int64_t, const void*, void*, float*,
-                               tq_dtype, const int32_t*, int32_t, int32_t, int32_t, int32_t, float, void*, size_t,
-                               tq_stream) {
+tq_status tq_attention_run(const tq_attention_plan_info*, const tq_attention_params*, void*, size_t, tq_stream) {
   return TQ_ERR_CUDA;
 }
 

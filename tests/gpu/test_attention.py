@@ -5,8 +5,8 @@ import torch
 
 from tq_trtllm.core.attention import reference_attention
 from tq_trtllm.core.errors import TQError
-from tq_trtllm.kernels import (KernelCache, decode_attention, dequantize, prefill_attention,
-                               quantize_append, workspace_bytes)
+from tq_trtllm.kernels import (KernelCache, attention, attention_plan, decode_attention, dequantize,
+                               prefill_attention, quantize_append, workspace_bytes)
 
 from .cases import make_cache, positions, twin
 from .written import check_written
@@ -290,6 +290,24 @@ def test_a_call_captured_in_a_cuda_graph_gives_the_eager_output(d, hq, hkv, q_le
     torch.cuda.synchronize()
     assert torch.equal(outs[1], outs[0]) and torch.equal(lses[1], lses[0])
     check_against_reference(cache, table, q, outs[1], lengths, d**-0.5, own)
+
+
+def test_one_plan_serves_every_layer_of_a_step(gen):
+    """The Python front end plans a step's shape once (attention_plan) and every layer's call reuses
+    it, whatever the layer's widths: 3-bit codecs run the plan's 8-warp CTAs at 1 x 40,000, 5-bit
+    ones its 4-warp CTAs (their stages do not fit two 8-warp CTAs per SM). Each layer's output is
+    its reference's, and bit for bit what the call gives with the plan it makes itself."""
+    hq, hkv, d, n = 32, 8, 128, 40000
+    plan = attention_plan(1, 1, hq, hkv, d, n)
+    assert plan.wide_num_splits > 0 and plan.num_splits != plan.wide_num_splits
+    ws = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device="cuda")
+    for width in (3, 5):
+        cache, table, kc = make_cache(d, width, width, hkv, 64, [n], gen)
+        fill(kc, [n], hkv, d, gen)
+        q = torch.randn(1, 1, hq, d, generator=gen).half().cuda()
+        out = attention(kc, q, torch.tensor([n]), n, plan=plan, workspace=ws)
+        check_against_reference(cache, table, q, out, [n], d**-0.5)
+        assert torch.equal(out, decode_attention(kc, q, torch.tensor([n]), n))
 
 
 def test_a_smaller_call_runs_in_the_workspace_of_a_larger_one(gen):

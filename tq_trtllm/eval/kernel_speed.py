@@ -21,7 +21,8 @@ from ..core.paged import PagedLayerCache
 from ..core.quantizer import VectorCodec
 from ..core.rotary_mean import select_pairs
 from ..core.spec import CodecSpec
-from ..kernels import KernelCache, library, quantize_append, workspace_bytes
+from ..kernels import KernelCache, attention_plan, library, quantize_append
+from ..kernels._lib import TqAttentionParams
 from ..kernels.ops import _dtype_code
 from .fp8_baseline import flashinfer_missing, fp8_bytes_per_token, fp8_decode_us
 
@@ -49,7 +50,7 @@ class Row:
     # own launch, and as % of tq_us
     append_us: float | None = None
     append_pct: float | None = None
-    fused_us: float | None = None    # tq_decode_attention_append: the same append fused in
+    fused_us: float | None = None    # the same append fused in (tq_attention_params::append)
     fused_append_pct: float | None = None  # (fused_us - tq_us) as % of tq_us
     rotary_pairs: int = 0  # the keys' rotary mean (calibrated tables have one), pairs per KV head
     # FlashInfer's paged decode over an FP8 (e4m3) cache at the same shape (eval/fp8_baseline.py),
@@ -128,24 +129,30 @@ def packed_cache(batch: int, context: int, q_heads: int, kv_heads: int, head_dim
     return cache, kc
 
 
-def raw_attention_call(kc: KernelCache, fn_name: str, q: torch.Tensor, kv_lens: torch.Tensor,
-                       max_kv_len: int, new: torch.Tensor | None = None):
-    """The library call with every argument prepared once (no per-call Python allocation); new:
-    the new tokens' rows [2, batch * q_len, kv_heads, head_dim] (k_new, v_new), or None."""
+def raw_attention_call(kc: KernelCache, q: torch.Tensor, kv_lens: torch.Tensor, max_kv_len: int,
+                       new: torch.Tensor | None = None, append: bool = False):
+    """The library call (tq_attention_run) with every argument prepared once (no per-call Python
+    allocation) and the plan of its shape, which calls of the same shape share (attention_plan);
+    new: the new tokens' rows [2, batch * q_len, kv_heads, head_dim] (k_new, v_new), or None;
+    append: write them into the pages first (the fused append)."""
     batch, q_len, hq, d = q.shape
     out = torch.empty_like(q)
-    ws = torch.empty(workspace_bytes(batch, q_len, hq, kc.cache.num_kv_heads, d, max_kv_len),
-                     dtype=torch.uint8, device="cuda")
-    fn = getattr(library(), fn_name)
-    rows = (None, None, 0) if new is None else (new[0].data_ptr(), new[1].data_ptr(), new.stride(1))
-    args = (ctypes.byref(kc.struct), *rows, q.data_ptr(), out.data_ptr(), None, _dtype_code(q.dtype),
-            kv_lens.data_ptr(), max_kv_len, batch, q_len, hq, d**-0.5, ws.data_ptr(), ws.numel())
+    plan = attention_plan(batch, q_len, hq, kc.cache.num_kv_heads, d, max_kv_len)
+    ws = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device="cuda")
+    params = TqAttentionParams(cache=ctypes.pointer(kc.struct), q=q.data_ptr(), out=out.data_ptr(),
+                               kv_lens=kv_lens.data_ptr(), max_kv_len=max_kv_len, batch=batch,
+                               q_len=q_len, num_q_heads=hq, softmax_scale=d**-0.5,
+                               dtype=_dtype_code(q.dtype), append=int(append))
+    if new is not None:
+        params.k_new, params.v_new, params.new_stride = new[0].data_ptr(), new[1].data_ptr(), new.stride(1)
+    args = (ctypes.byref(plan), ctypes.byref(params), ws.data_ptr(), ws.numel())
+    run = library().tq_attention_run
 
     def call():  # on the stream current at the call (a graph capture's)
-        status = fn(*args, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+        status = run(*args, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
         if status:
             raise RuntimeError(library().tq_last_error().decode())
-    call.buffers = (out, ws)  # args hold raw pointers: the call keeps what they point to alive
+    call.buffers = (out, ws, params)  # args hold raw pointers: the call keeps what they point to alive
     return call, out
 
 
@@ -162,8 +169,8 @@ class DecodeCase:
     v_bits: float
     rotary_pairs: int
 
-    def call(self, fn_name: str = "tq_decode_attention"):
-        return raw_attention_call(self.kc, fn_name, self.q, self.lens, self.context, self.kv_new)[0]
+    def call(self, append: bool = False):
+        return raw_attention_call(self.kc, self.q, self.lens, self.context, self.kv_new, append)[0]
 
 
 def decode_case(batch: int, context: int, q_heads: int, kv_heads: int, head_dim: int,
@@ -190,7 +197,7 @@ def case_row(timer: Timer, case: DecodeCase) -> Row:
     kv_heads = kc.cache.num_kv_heads
     tq_us = timer.median_us(case.call())
     append_us = append_time(timer, kc, kv_new, batch, context, q_len)
-    fused_us = timer.median_us(case.call("tq_decode_attention_append"))
+    fused_us = timer.median_us(case.call(append=True))
     sdpa_us = timer.median_us(sdpa_decode_call(batch, context, q_heads, kv_heads, head_dim, q_len))
     fp8_us = fp8_path = None
     if q_len == 1 and flashinfer_missing() is None:
@@ -213,12 +220,12 @@ class StepRow:
     batch: int
     context: int
     layers: int
-    tq_us: float     # the layers' tq_decode_attention times, summed
-    fused_us: float  # ... tq_decode_attention_append (the append fused in), summed
+    tq_us: float     # the layers' attention times (tq_attention_run), summed
+    fused_us: float  # ... with the append fused in, summed
     sdpa_us: float   # SDPA over an fp16 cache in every layer
     speedup: float   # sdpa_us / tq_us
-    tq_graph_us: float     # tq_decode_attention in every layer, one CUDA graph
-    fused_graph_us: float  # tq_decode_attention_append ...
+    tq_graph_us: float     # the attention in every layer, one CUDA graph
+    fused_graph_us: float  # ... with the append fused in
     sdpa_graph_us: float   # SDPA ...
     graph_speedup: float   # sdpa_graph_us / tq_graph_us
     bench: str = "step"
@@ -244,7 +251,7 @@ def engine_step(timer: Timer, batch: int, context: int, q_heads: int, kv_heads: 
     def total(attr: str) -> float:
         return sum(n * getattr(r, attr) for n, r in rows)
     tq_graph = timer.graph_us([c.call() for c in cases])
-    fused_graph = timer.graph_us([c.call("tq_decode_attention_append") for c in cases])
+    fused_graph = timer.graph_us([c.call(append=True) for c in cases])
     sdpa_graph = timer.graph_us([sdpa_decode_call(batch, context, q_heads, kv_heads, head_dim, 1)
                                for _ in layer_widths])
     tq_us, sdpa_us = total("tq_us"), total("sdpa_us")
@@ -288,7 +295,7 @@ def prefill_row(timer: Timer, history: int, chunk: int, q_heads: int, kv_heads: 
     q = torch.randn(1, chunk, q_heads, head_dim, device="cuda", dtype=torch.float16)
     lens = torch.full((1,), total, device="cuda", dtype=torch.int32)
     kv_new = torch.randn(2, chunk, kv_heads, head_dim, device="cuda", dtype=torch.float16)
-    call, _ = raw_attention_call(kc, "tq_prefill_attention", q, lens, total, kv_new)
+    call, _ = raw_attention_call(kc, q, lens, total, kv_new)
     tq_us = timer.median_us(call)
     append_us = append_time(timer, kc, kv_new, 1, total, chunk)
     sdpa_us = timer.median_us(sdpa_decode_call(1, total, q_heads, kv_heads, head_dim, chunk))

@@ -117,9 +117,8 @@ class KernelBackend(PagesBackend):
             rows = rows.view(b * t, 1, hq, d)
         lse = torch.empty(*rows.shape[:3], dtype=torch.float32, device=q.device)
         lens = torch.full((rows.shape[0],), end, dtype=torch.int32, device=q.device)
-        attention = (kernels.decode_attention if rows.shape[1] <= kernels.ops.MAX_DECODE_Q_LEN
-                     else kernels.prefill_attention)
-        out = attention(kc, rows, lens, end, scaling, lse=lse)
+        # the plan of this step's shape is made by the first layer's call and reused by the others
+        out = kernels.attention(kc, rows, lens, end, scaling, lse=lse)
         return out.view(b, t, hq, d).transpose(1, 2).float(), lse.view(b, t, hq).transpose(1, 2)
 
 

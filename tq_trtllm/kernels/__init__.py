@@ -9,6 +9,8 @@ from __future__ import annotations
 from ._lib import find_library, library
 from .ops import (
     KernelCache,
+    attention,
+    attention_plan,
     decode_attention,
     dequantize,
     page_bytes,
@@ -34,6 +36,7 @@ def available() -> bool:
 
 
 __all__ = [
-    "KernelCache", "available", "decode_attention", "dequantize", "library", "page_bytes",
-    "prefill_attention", "quantize_append", "unavailable_reason", "workspace_bytes",
+    "KernelCache", "attention", "attention_plan", "available", "decode_attention", "dequantize",
+    "library", "page_bytes", "prefill_attention", "quantize_append", "unavailable_reason",
+    "workspace_bytes",
 ]

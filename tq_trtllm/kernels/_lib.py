@@ -18,7 +18,8 @@ from ..core.spec import FORMAT_VERSION, PLANES
 LIB_NAME = "libtq_kernels.so"
 MAX_GROUPS = 2
 MAX_BITS = max(PLANES)  # TQ_MAX_BITS: the widest code, whose 2**MAX_BITS centroids tq_codec holds
-MAX_DECODE_Q_LEN = 8  # TQ_MAX_DECODE_Q_LEN: query tokens per sequence that tq_decode_attention takes
+MAX_DECODE_Q_LEN = 8  # TQ_MAX_DECODE_Q_LEN: query tokens per sequence of a call with the fused append
+ABI_VERSION = 2  # TQ_ABI_VERSION: the C ABI these mirrors and signatures declare
 FP16, BF16 = 0, 1
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -59,6 +60,33 @@ class TqPagedCache(ctypes.Structure):
     ]
 
 
+class TqAttentionParams(ctypes.Structure):
+    _fields_ = [
+        ("cache", ctypes.POINTER(TqPagedCache)),
+        ("q", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+        ("lse", ctypes.c_void_p),
+        ("k_new", ctypes.c_void_p),
+        ("v_new", ctypes.c_void_p),
+        ("new_stride", ctypes.c_int64),
+        ("kv_lens", ctypes.c_void_p),
+        ("max_kv_len", ctypes.c_int32),
+        ("batch", ctypes.c_int32),
+        ("q_len", ctypes.c_int32),
+        ("num_q_heads", ctypes.c_int32),
+        ("softmax_scale", ctypes.c_float),
+        ("dtype", ctypes.c_int),
+        ("append", ctypes.c_int32),
+    ]
+
+
+class TqAttentionPlanInfo(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int32) for name in (
+        "batch", "q_len", "num_q_heads", "num_kv_heads", "head_dim", "max_kv_len", "num_sms", "prefill",
+        "num_splits", "split_tokens", "wide_num_splits", "wide_split_tokens")] + [
+        ("workspace_bytes", ctypes.c_size_t)]
+
+
 def candidate_paths() -> list[Path]:
     paths = []
     if os.environ.get("TQ_KERNELS_LIB"):
@@ -79,11 +107,6 @@ def find_library() -> Path | None:
 
 _P = ctypes.c_void_p
 _I32 = ctypes.c_int32
-# (cache, k_new, v_new, new_stride, q, out, lse, dtype, kv_lens, max_kv_len, batch, q_len,
-#  num_q_heads, softmax_scale, workspace, workspace_bytes, stream): all three attention entries
-_ATTENTION = (ctypes.c_int, [ctypes.POINTER(TqPagedCache), _P, _P, ctypes.c_int64, _P, _P, _P,
-                             ctypes.c_int, _P, _I32, _I32, _I32, _I32, ctypes.c_float, _P,
-                             ctypes.c_size_t, _P])
 _SIGNATURES = {
     "tq_last_error": (ctypes.c_char_p, []),
     "tq_check_format_version": (ctypes.c_int, [_I32]),
@@ -91,10 +114,12 @@ _SIGNATURES = {
     "tq_codebook_levels": (ctypes.c_int, [ctypes.POINTER(TqCodec), _I32, ctypes.POINTER(ctypes.c_float)]),
     "tq_quantize_append": (ctypes.c_int, [ctypes.POINTER(TqPagedCache), _P, _P, ctypes.c_int64,
                                           ctypes.c_int, _P, _P, _I32, _I32, _P]),
-    "tq_attention_workspace_bytes": (ctypes.c_size_t, [_I32, _I32, _I32, _I32, _I32, _I32]),
-    "tq_decode_attention": _ATTENTION,
-    "tq_decode_attention_append": _ATTENTION,
-    "tq_prefill_attention": _ATTENTION,
+    "tq_abi_version": (_I32, []),
+    # (batch, q_len, num_q_heads, num_kv_heads, head_dim, max_kv_len, num_sms, plan)
+    "tq_attention_plan": (ctypes.c_int, [_I32] * 7 + [ctypes.POINTER(TqAttentionPlanInfo)]),
+    # (plan, params, workspace, workspace_bytes, stream)
+    "tq_attention_run": (ctypes.c_int, [ctypes.POINTER(TqAttentionPlanInfo),
+                                        ctypes.POINTER(TqAttentionParams), _P, ctypes.c_size_t, _P]),
     "tq_dequantize": (ctypes.c_int, [ctypes.POINTER(TqPagedCache), _I32, _I32, _I32, _P, _P,
                                      ctypes.c_int, _P]),
 }
@@ -112,6 +137,11 @@ def library() -> ctypes.CDLL:
         lib = ctypes.CDLL(str(path))
     except OSError as exc:
         raise TQError(f"cannot load {path}: {exc}") from None
+    abi = getattr(lib, "tq_abi_version", None)
+    found = abi() if abi is not None else 1
+    if found != ABI_VERSION:
+        raise TQError(f"{path} has C ABI version {found}, this package needs {ABI_VERSION}; rebuild it "
+                      "with build_scripts/build_kernels.sh (or point TQ_KERNELS_LIB at a current build)")
     for name, (restype, argtypes) in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import copy
 import ctypes
+from functools import lru_cache
 
 import torch
 
 from ..core.errors import TQError
 from ..core.paged import PagedLayerCache
 from ..core.quantizer import VectorCodec
-from ._lib import BF16, FP16, MAX_DECODE_Q_LEN, TqCodec, TqPagedCache, check, library
+from ._lib import (BF16, FP16, MAX_DECODE_Q_LEN, TqAttentionParams, TqAttentionPlanInfo, TqCodec,
+                   TqPagedCache, check, library)
 
 _DTYPES = {torch.float16: FP16, torch.bfloat16: BF16}
 
@@ -169,16 +171,53 @@ def _check_unbiased(kc: KernelCache, what: str) -> None:
                       f"{kc.cache.key.gain!r} (keys) and {kc.cache.value.gain!r} (values)")
 
 
+@lru_cache(maxsize=64)
+def attention_plan(batch: int, q_len: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                   max_kv_len: int, num_sms: int = 0) -> TqAttentionPlanInfo:
+    """The library's plan (tq_attention_plan) for attention calls of this shape on num_sms SMs (0:
+    the current device's): how the keys split over CTAs and the workspace the calls need. Cached
+    per shape: a decode step plans once and every layer's call reuses it. Read-only."""
+    plan = TqAttentionPlanInfo()
+    check(library().tq_attention_plan(batch, q_len, num_q_heads, num_kv_heads, head_dim, max_kv_len,
+                                      num_sms, ctypes.byref(plan)), "tq_attention_plan")
+    return plan
+
+
+@lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def workspace_bytes(batch: int, q_len: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
                     max_kv_len: int) -> int:
-    return library().tq_attention_workspace_bytes(batch, q_len, num_q_heads, num_kv_heads,
-                                                  head_dim, max_kv_len)
+    """Bytes of workspace for any attention call of at most this batch, q_len and max_kv_len on the
+    current device (its plan's workspace_bytes)."""
+    return attention_plan(batch, q_len, num_q_heads, num_kv_heads, head_dim, max_kv_len).workspace_bytes
 
 
-def _attention(fn_name: str, kc: KernelCache, q: torch.Tensor, kv_lens: torch.Tensor,
-               max_kv_len: int, softmax_scale: float | None, out: torch.Tensor | None,
-               workspace: torch.Tensor | None, lse: torch.Tensor | None,
-               own: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+def attention(kc: KernelCache, q: torch.Tensor, kv_lens: torch.Tensor, max_kv_len: int,
+              softmax_scale: float | None = None, out: torch.Tensor | None = None,
+              workspace: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+              own: tuple[torch.Tensor, torch.Tensor] | None = None, append: bool = False,
+              plan: TqAttentionPlanInfo | None = None) -> torch.Tensor:
+    """q: [batch, q_len, num_q_heads, head_dim]; the last q_len positions of each sequence, causal
+    (tq_attention_run's contract).
+
+    lse, if given (float32 [batch, q_len, num_q_heads], contiguous, on q's device), receives each
+    row's natural-log log-sum-exp of softmax_scale * q . k over the keys it sees (-inf if none), to
+    merge this attention with attention over keys outside the cache; the cached keys' part is
+    lowered by kc's page_lse_shift, as in the output. own=(k, v), each
+    [batch, q_len, num_kv_heads, head_dim] in q's dtype: the new tokens' keys and values, with which
+    each query attends to the call's positions up to its own exactly (older ones through the cache:
+    core.attention.reference_attention's rule). append=True (q_len up to MAX_DECODE_Q_LEN) first
+    writes them at those positions (the quantize-append fused into the attention launch, rounding
+    y itself, without step 4.4's scale search). plan: attention_plan(...) of this call's shape, or
+    None for the cached plan of its shape on q's device. Returns out.
+    """
+    if append:
+        if own is None:
+            raise TQError("attention(append=True) needs own=(k, v), the rows to write")
+        _check_unbiased(kc, "attention(append=True)")
     if q.dim() != 4 or q.shape[-1] != kc.head_dim or not q.is_contiguous():
         raise TQError(f"q must be contiguous [batch, q_len, num_q_heads, {kc.head_dim}], got "
                       f"{list(q.shape)}")
@@ -198,20 +237,23 @@ def _attention(fn_name: str, kc: KernelCache, q: torch.Tensor, kv_lens: torch.Te
     if kc.page_lse_shift is not None and kc.page_lse_shift.shape != (hq,):
         raise TQError(f"page_lse_shift must hold one value per query head ({hq}), got "
                       f"{list(kc.page_lse_shift.shape)}")
-    if own is None:
-        rows = (None, None, 0)
-    else:
-        k, v = _own_rows(kc, own, q)
-        rows = (k.data_ptr(), v.data_ptr(), k.stride(0))
-    need = workspace_bytes(batch, q_len, hq, kc.cache.num_kv_heads, d, max_kv_len)
+    rows = None if own is None else _own_rows(kc, own, q)
+    params = TqAttentionParams(cache=ctypes.pointer(kc.struct), q=q.data_ptr(), out=out.data_ptr(),
+                               lse=None if lse is None else lse.data_ptr(), kv_lens=kv_lens.data_ptr(),
+                               max_kv_len=max_kv_len, batch=batch, q_len=q_len, num_q_heads=hq,
+                               softmax_scale=d**-0.5 if softmax_scale is None else softmax_scale,
+                               dtype=_dtype_code(q.dtype), append=int(append))
+    if own is not None:
+        k, v = rows
+        params.k_new, params.v_new, params.new_stride = k.data_ptr(), v.data_ptr(), k.stride(0)
+    if plan is None:
+        plan = attention_plan(batch, q_len, hq, kc.cache.num_kv_heads, d, max_kv_len,
+                              _sm_count(q.device))
     if workspace is None:
-        workspace = torch.empty(need, dtype=torch.uint8, device=q.device)
-    scale = d**-0.5 if softmax_scale is None else softmax_scale
-    fn = getattr(library(), fn_name)
-    check(fn(ctypes.byref(kc.struct), *rows, q.data_ptr(), out.data_ptr(),
-             None if lse is None else lse.data_ptr(), _dtype_code(q.dtype),
-             kv_lens.data_ptr(), max_kv_len, batch, q_len, hq, scale, workspace.data_ptr(),
-             workspace.numel() * workspace.element_size(), _stream()), fn_name)
+        workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=q.device)
+    check(library().tq_attention_run(ctypes.byref(plan), ctypes.byref(params), workspace.data_ptr(),
+                                     workspace.numel() * workspace.element_size(), _stream()),
+          "tq_attention_run")
     return out
 
 
@@ -241,33 +283,19 @@ def decode_attention(kc: KernelCache, q: torch.Tensor, kv_lens: torch.Tensor, ma
                      workspace: torch.Tensor | None = None, lse: torch.Tensor | None = None,
                      own: tuple[torch.Tensor, torch.Tensor] | None = None,
                      append: bool = False) -> torch.Tensor:
-    """q: [batch, q_len (1..8), num_q_heads, head_dim]; the last q_len positions of each sequence.
-
-    lse, if given (float32 [batch, q_len, num_q_heads], contiguous, on q's device), receives each
-    row's natural-log log-sum-exp of softmax_scale * q . k over the keys it sees (-inf if none), to
-    merge this attention with attention over keys outside the cache; the cached keys' part is
-    lowered by kc's page_lse_shift, as in the output. own=(k, v), each
-    [batch, q_len, num_kv_heads, head_dim] in q's dtype: the new tokens' keys and values, with which
-    each query attends to the call's positions up to its own exactly (older ones through the cache:
-    core.attention.reference_attention's rule). append=True
-    first writes them at those positions (tq_decode_attention_append: the quantize-append fused
-    into the attention launch, rounding y itself, without step 4.4's scale search). Returns out.
-    """
-    if append:
-        if own is None:
-            raise TQError("decode_attention(append=True) needs own=(k, v), the rows to write")
-        _check_unbiased(kc, "decode_attention(append=True)")
-    name = "tq_decode_attention_append" if append else "tq_decode_attention"
-    return _attention(name, kc, q, kv_lens, max_kv_len, softmax_scale, out, workspace, lse, own)
+    """attention() of a decode step: q_len 1..MAX_DECODE_Q_LEN (the split pass)."""
+    if q.dim() == 4 and not 1 <= q.shape[1] <= MAX_DECODE_Q_LEN:
+        raise TQError(f"decode_attention takes q_len 1..{MAX_DECODE_Q_LEN}, got {q.shape[1]}; "
+                      "use prefill_attention for a longer chunk")
+    return attention(kc, q, kv_lens, max_kv_len, softmax_scale, out, workspace, lse, own, append)
 
 
 def prefill_attention(kc: KernelCache, q: torch.Tensor, kv_lens: torch.Tensor, max_kv_len: int,
                       softmax_scale: float | None = None, out: torch.Tensor | None = None,
                       workspace: torch.Tensor | None = None, lse: torch.Tensor | None = None,
                       own: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """Like decode_attention for a chunk of any number of new query tokens (causal)."""
-    return _attention("tq_prefill_attention", kc, q, kv_lens, max_kv_len, softmax_scale, out,
-                      workspace, lse, own)
+    """attention() of a chunk of any number of new query tokens (causal)."""
+    return attention(kc, q, kv_lens, max_kv_len, softmax_scale, out, workspace, lse, own)
 
 
 def dequantize(kc: KernelCache, seq: int, start: int, length: int,

@@ -36,7 +36,7 @@ extern "C" {
 #define TQ_MAX_GROUPS 2
 #define TQ_MAX_HEAD_DIM 128 /* the kernels support head_dim 64 and 128 */
 #define TQ_MAX_GQA_GROUP 8  /* query heads per KV head */
-#define TQ_MAX_DECODE_Q_LEN 8
+#define TQ_MAX_DECODE_Q_LEN 8 /* query tokens per sequence of a call with the fused append */
 #define TQ_MAX_ROTARY_PAIRS 16 /* channel pairs of a key codec's rotary mean */
 
 typedef struct CUstream_st* tq_stream; /* the same type as cudaStream_t */
@@ -132,61 +132,99 @@ tq_status tq_quantize_append(const tq_paged_cache* cache, const void* k, const v
                              tq_stream stream);
 
 /* Attention of q_len new query tokens per sequence against the sequence's packed history, the new
- * tokens included (they were appended first). Query token j of sequence b sits at position
- * kv_lens[b] - q_len + j and attends to positions <= its own (causal); a query token that sees no
- * position (kv_lens[b] < q_len - j) gets the value mean (zeros without a mean).
+ * tokens included (they were appended first), in two calls: tq_attention_plan (host only: the
+ * split of the keys over CTAs and the workspace it needs, from the call's shape) and
+ * tq_attention_run (checks the call's arguments, launches). One plan serves every call of its shape
+ * (every layer of a decode step); plan again when batch, q_len or max_kv_len change.
+ *
+ * The call (tq_attention_params):
+ * Query token j of sequence b sits at position kv_lens[b] - q_len + j and attends to positions <= its
+ * own (causal); a query token that sees no position (kv_lens[b] < q_len - j) gets the value mean
+ * (zeros without a mean).
  * k_new, v_new: the new tokens' own keys and values as they were appended ([batch][q_len]
  * [num_kv_heads][head_dim], token (b, j) at element offset (b * q_len + j) * new_stride, `dtype`,
- * 4-byte aligned, new_stride even), or both NULL. Given, query token j attends to the call's
- * tokens 0..j with them, exactly (not through the cache: the keys and values a token attends to
- * most pay no quantization error, and a prompt's tokens read each other as computed), and to the
- * positions before the call's first through the cache; NULL reads every position from the cache.
- * Calls of more than TQ_MAX_DECODE_Q_LEN tokens take that part on tensor cores in a pass of its
- * own (its states live in the workspace, which tq_attention_workspace_bytes counts).
+ * 4-byte aligned, new_stride even and at least num_kv_heads * head_dim), or both NULL. Given, query
+ * token j attends to the call's tokens 0..j with them, exactly (not through the cache: the keys and
+ * values a token attends to most pay no quantization error, and a prompt's tokens read each other
+ * as computed), and to the positions before the call's first through the cache; NULL reads every
+ * position from the cache. Calls of more than TQ_MAX_DECODE_Q_LEN tokens take that part on tensor
+ * cores in a pass of their own (its states live in the workspace).
+ * append (0 or 1): the quantize-append fused in (one launch fewer per decode step): first writes
+ * k_new and v_new (required then; q_len at most TQ_MAX_DECODE_Q_LEN) at positions kv_lens[b] - q_len
+ * + j, as tq_quantize_append does but rounding y itself (step 4.4 without the scale search, whose
+ * code would slow these kernels), then attends exactly as without it given the same rows. The
+ * blocks of those positions must be in the table.
  * q, out: [batch][q_len][num_q_heads][head_dim] (contiguous, `dtype`); num_q_heads =
  * group * num_kv_heads with group in 1..TQ_MAX_GQA_GROUP; query head hq uses KV head hq / group.
  * kv_lens: device int32 [batch]. max_kv_len (host) bounds every kv_lens[b] and must not exceed
  * max_blocks * tokens_per_block; it sizes the split-KV grid.
- * softmax_scale multiplies q . k (usually 1/sqrt(head_dim)).
+ * softmax_scale multiplies q . k (usually 1/sqrt(head_dim)); positive and finite.
  * lse: NULL, or device float32 [batch][q_len][num_q_heads] (4-byte aligned) that receives each
  * query row's natural-log log-sum-exp over the keys it sees, log(sum_i exp(softmax_scale *
  * q . k_i)), k_i the decoded key including the key mean (the exact key of k_new for the call's
  * positions where given); -inf for a row that sees no key. With it a caller merges this attention
  * with attention over keys kept outside the cache.
- * workspace: device memory of at least tq_attention_workspace_bytes(...) bytes, 16-byte aligned,
- * for the partial softmax states of the split-KV passes; not shared between concurrent calls.
- * The size queried for (batch, q_len, max_kv_len) serves every call whose batch, q_len and
- * max_kv_len are at most those (same heads and head_dim), so one allocation for the largest call
- * serves all. It depends on the current device's SM count: query it on the device that runs the
- * attention.
- * Limits: batch x ceil(q_len x group / 16) <= 65535. Returns 0 for invalid arguments.
- * decode: q_len 1..TQ_MAX_DECODE_Q_LEN; prefill: any q_len >= 1 (a chunk of new tokens), same
- * contract and the same kernels. */
-size_t tq_attention_workspace_bytes(int32_t batch, int32_t q_len, int32_t num_q_heads,
-                                    int32_t num_kv_heads, int32_t head_dim, int32_t max_kv_len);
-tq_status tq_decode_attention(const tq_paged_cache* cache, const void* k_new, const void* v_new,
-                              int64_t new_stride, const void* q, void* out, float* lse,
-                              tq_dtype dtype, const int32_t* kv_lens, int32_t max_kv_len,
-                              int32_t batch, int32_t q_len, int32_t num_q_heads,
-                              float softmax_scale, void* workspace, size_t workspace_bytes,
-                              tq_stream stream);
-/* tq_decode_attention with the step's quantize-append fused in (one launch fewer per step): first
- * writes k_new and v_new (required here) at positions kv_lens[b] - q_len + j, as
- * tq_quantize_append does but rounding y itself (step 4.4 without the scale search, whose code
- * would slow these kernels), then attends exactly as tq_decode_attention given the same rows. The
- * blocks of those positions must be in the table. */
-tq_status tq_decode_attention_append(const tq_paged_cache* cache, const void* k_new,
-                                     const void* v_new, int64_t new_stride, const void* q,
-                                     void* out, float* lse, tq_dtype dtype,
-                                     const int32_t* kv_lens, int32_t max_kv_len, int32_t batch,
-                                     int32_t q_len, int32_t num_q_heads, float softmax_scale,
-                                     void* workspace, size_t workspace_bytes, tq_stream stream);
-tq_status tq_prefill_attention(const tq_paged_cache* cache, const void* k_new, const void* v_new,
-                               int64_t new_stride, const void* q, void* out, float* lse,
-                               tq_dtype dtype, const int32_t* kv_lens, int32_t max_kv_len,
-                               int32_t batch, int32_t q_len, int32_t num_q_heads,
-                               float softmax_scale, void* workspace, size_t workspace_bytes,
-                               tq_stream stream);
+ * Limits: q_len 1..TQ_MAX_Q_LEN; batch x ceil(q_len x group / 16) <= 65535 (tq_attention_plan
+ * refuses more). Calls of up to 8 query rows per KV head and the longer ones run the same contract
+ * on different kernels (a decode step's split pass, a prefill chunk's tensor-core pass). */
+#define TQ_ABI_VERSION 2 /* 2: attention as tq_attention_plan + tq_attention_run */
+#define TQ_MAX_Q_LEN (1 << 20)
+typedef struct tq_attention_params {
+  const tq_paged_cache* cache;
+  const void* q;
+  void* out;
+  float* lse;              /* or NULL */
+  const void* k_new;       /* or NULL, with v_new */
+  const void* v_new;
+  int64_t new_stride;      /* elements between the new rows' tokens */
+  const int32_t* kv_lens;  /* device [batch] */
+  int32_t max_kv_len;
+  int32_t batch;
+  int32_t q_len;
+  int32_t num_q_heads;
+  float softmax_scale;
+  tq_dtype dtype;
+  int32_t append;          /* 1: write k_new, v_new into the pages first */
+} tq_attention_params;
+
+/* A plan: how a call of one shape splits its keys over CTAs, and the workspace it needs. Filled by
+ * tq_attention_plan; read-only to the caller (its fields say what was planned, for tests and
+ * profiles). The same inputs give the same plan. */
+typedef struct tq_attention_plan_info {
+  /* The shape planned for: tq_attention_run takes calls of exactly this shape (the cache's
+   * num_kv_heads and head_dim, the params' batch, q_len, num_q_heads and max_kv_len). */
+  int32_t batch, q_len, num_q_heads, num_kv_heads, head_dim, max_kv_len;
+  int32_t num_sms;           /* the SM count planned for */
+  int32_t prefill;           /* 1: the tensor-core pass of 256-row CTAs (long chunks), 0: the split pass */
+  int32_t num_splits;        /* KV splits per sequence and KV head */
+  int32_t split_tokens;      /* positions per split */
+  /* The split pass's plan of 8-warp CTAs, which tq_attention_run takes instead where two of them
+   * fit an SM's shared memory at the cache's widths (narrow codes); 0 splits: none. */
+  int32_t wide_num_splits;
+  int32_t wide_split_tokens;
+  /* Workspace bytes (16-byte aligned device memory) for any call of at most this batch, q_len and
+   * max_kv_len (same heads, head_dim and SM count), whichever of the plans above it takes, with or
+   * without new rows: one allocation for the largest call serves all. */
+  size_t workspace_bytes;
+} tq_attention_plan_info;
+
+/* Plans calls of this shape on num_sms SMs (0: the current device's, or an H200's 132 where no
+ * device answers). Host only: no GPU, no allocation; reads no device memory. Errors: batch, q_len
+ * or max_kv_len out of range or beyond the grid limit (TQ_ERR_BAD_LENGTH), head counts, head_dim or
+ * num_sms invalid (TQ_ERR_UNSUPPORTED_HEAD_DIM, TQ_ERR_INVALID_ARGUMENT), plan NULL. */
+tq_status tq_attention_plan(int32_t batch, int32_t q_len, int32_t num_q_heads, int32_t num_kv_heads,
+                            int32_t head_dim, int32_t max_kv_len, int32_t num_sms,
+                            tq_attention_plan_info* plan);
+
+/* Runs the attention call `params` with `plan` (made for its shape: else TQ_ERR_INVALID_ARGUMENT).
+ * workspace: device memory, 16-byte aligned, of at least the bytes this call needs (never more than
+ * plan->workspace_bytes; TQ_ERR_WORKSPACE names the need), for the splits' partial softmax states;
+ * not shared between concurrent calls. Every argument is checked before anything is launched. */
+tq_status tq_attention_run(const tq_attention_plan_info* plan, const tq_attention_params* params,
+                           void* workspace, size_t workspace_bytes, tq_stream stream);
+
+/* TQ_ABI_VERSION of the library (a binding checks it against the header it was written for). */
+int32_t tq_abi_version(void);
 
 /* Dequantize positions [start, start + len) of sequence `seq` into k_out, v_out:
  * [len][num_kv_heads][head_dim] in `dtype` (either may be NULL to skip it). For tests and export.
