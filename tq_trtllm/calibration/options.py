@@ -26,7 +26,10 @@ class CalibrationOptions:
     window: int = 512  # calibration window length, tokens
     windows: int = 8  # windows for the statistics
     fisher_windows: int = 2  # windows of running text for the sensitivity
-    fisher_samples: int = 4  # label samples per window for the Fisher estimate
+    # label samples per window for the Fisher estimate (one backward pass each): 2 allocate within
+    # the spread of 4 samples' own estimate at 60% of the passes
+    # (docs/QUALITY.md#calibration-cost-and-defaults)
+    fisher_samples: int = 2
     # synthetic retrieval windows added to the Fisher windows (retrieval.py): 2 nearly doubled
     # passkey retrieval at 3 bits at unchanged perplexity
     # (docs/QUALITY.md#retrieval-windows-in-the-sensitivity)
