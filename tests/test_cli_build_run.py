@@ -365,4 +365,6 @@ def test_engine_with_mismatched_table_is_refused(tmp_path, engine):
     (other / "manifest.json").write_text("{not json")
     assert_clean_error(invoke(run, "--engine", other, "--prompt", "the"), "not valid JSON")
     assert manifest["engine_version"] == 1
-    assert_clean_error(invoke(run, "--engine", tmp_path / "nothing", "--prompt", "the"), "manifest.json")
+    assert_clean_error(invoke(run, "--engine", tmp_path / "nothing", "--prompt", "the"), "does not exist")
+    (tmp_path / "empty").mkdir()
+    assert_clean_error(invoke(run, "--engine", tmp_path / "empty", "--prompt", "the"), "manifest.json")
