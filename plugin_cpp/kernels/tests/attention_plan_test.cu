@@ -37,7 +37,8 @@ size_t need(const tq_attention_plan_info& p, bool wide, bool new_rows) {
 void test_plans() {
   const tq_attention_plan_info a = plan_of(1, 1, 32, 8, 128, 131072), b = plan_of(1, 1, 32, 8, 128, 131072);
   expect(std::memcmp(&a, &b, sizeof(a)) == 0, "the same inputs give the same plan");
-  // session 10's and 20's measured plans on 132 SMs (tests/test_kernels_binding.py pins the rest
+  // the measured plans on 132 SMs (docs/BENCHMARKS.md#the-split-length-a-cost-model;
+  // tests/test_kernels_binding.py pins the rest
   // through the library): 1 x 131,072 at q_len 1 runs 32 splits of 8-warp CTAs, 49 of 4 warps
   expect(a.num_splits == 49 && a.wide_num_splits == 32 && !a.prefill, "1 x 131,072: 49 splits, 32 wide");
   const tq_attention_plan_info c = plan_of(1, 1, 32, 8, 128, 1024);
