@@ -60,7 +60,9 @@ def run(model, ids, backend, bits, sinks, recent=1, shifted=False, rotary=False,
 # dropping the rotary mean moves them by 2.1e-2 (fp16) and 2.2e-2 (bf16), another rotation seed by
 # 8e-2 to 1.6e-1. The bounds lie between, and the test checks that dropping the rotary mean
 # exceeds its bound twice over.
-LOGIT_TOL = {torch.float16: 2e-3, torch.bfloat16: 8e-3}
+# bf16: the kernels measured 3.1e-3 on the H200 (2026-12-05); dropping the rotary mean moves the
+# logits by 1.57e-2, so a bound of 6e-3 keeps both margins near 2x
+LOGIT_TOL = {torch.float16: 2e-3, torch.bfloat16: 6e-3}
 
 
 def relative(got, want) -> float:
@@ -132,7 +134,8 @@ def test_kernel_backend_matches_the_reference_backend(model, monkeypatch, bits, 
     if rotary:  # the bound has room below what dropping the rotary mean does
         dropped, _ = run(model, ids, "reference", bits, sinks, recent, shifted, False, chunk_reads)
         drop = relative(dropped, want)
-        assert drop > 2 * tol, f"dropping the rotary mean moves the logits by only {drop:.3g}"
+        assert drop > 2 * tol, (f"dropping the rotary mean moves the logits by only {drop:.3g} "
+                                f"(the kernels: {rel:.3g}; bound {tol:g})")
     assert (got.argmax(-1) == want.argmax(-1)).float().mean().item() > 0.95
 
 
