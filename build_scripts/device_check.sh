@@ -16,7 +16,8 @@ print('flashinfer FP8 decode: compiled and ran')" 2>&1 | tee "$OUT/stage.log" | 
 fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 if [[ "$what" == compare ]]; then
-  # The built library against the previous one (device_verify_prep.sh), alternating, in one call:
+  # The built library against the previous one (device_verify_prep.sh), alternating, in one call
+  # (the previous library must have the same C ABI version: the binding refuses another):
   # ROUNDS rounds of decode at the issue's five shapes and prefill, 3 and 4 bits.
   for round in $(seq "${ROUNDS:-2}"); do
     for lib in "$TQ_STAGE/old/libtq_kernels.so" build/plugin_cpp/kernels/libtq_kernels.so; do
