@@ -7,8 +7,9 @@ SM90 target, and nothing here can run the engine). This is not a TensorRT 10.13 
 check: it shows that a real builder loads libtq_attention_plugin.so through its plugin registry
 (getCreators, setLoggerFinder), imports the plugin from a `tq::QuantizedAttention` ONNX node through
 the parser's plugin fallback (tq_trtllm/trt/onnx_node.py, fields from plugin_fields.py), runs the
-plugin's build-time methods, and serializes every field into the engine; and that a bad field
-fails the build with the plugin's own message, delivered through TensorRT's logger.
+plugin's build-time methods, and serializes every field (the layer table byte for byte) into the
+engine; and that a bad field fails the build with the plugin's own message, delivered through
+TensorRT's logger.
 
 Each build runs in a child process (this file run as a script): TensorRT-RTX's ONNX parser opens
 `libtensorrt_rtx.so`, which the wheel ships only as `.so.1`, so the child gets a symlink in the
@@ -29,6 +30,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from required import REQUIRE_PLUGIN, needs
@@ -64,41 +66,42 @@ pytestmark = [pytest.mark.slow,
 # ----------------------------------------------------------------------------------------------
 # The parent side: fields, ONNX graph, one child process per build.
 
-def layer_fields(layer_idx: int = LAYER) -> dict:
-    """One layer's fields as the TensorRT-LLM builder makes them: calibrated 3.5-bit keys with a
-    rotary mean and 3-bit values, a page shift, llama3 RoPE."""
+def layer_fields(tokens_per_block: int = 32) -> dict:
+    """One layer's fields as the TensorRT-LLM builder makes them: a calibration table's layer with
+    calibrated 3.5-bit keys with a rotary mean, 3-bit values and a page shift as its layer table,
+    llama3 RoPE."""
     import torch
 
-    from gpu.cases import make_codec
-    from tq_trtllm.trt.plugin_fields import plugin_fields
+    from gpu.cases import make_table
+    from tq_trtllm.trt.plugin_fields import layer_table_bytes, plugin_fields
 
     gen = torch.Generator().manual_seed(60)
     hq, hkv, d = 8, 2, 128
-    key = make_codec(d, 3.5, hkv, gen, seed=77, tables=True, rotary=True)
-    value = make_codec(d, 3.0, hkv, gen, seed=77, tables=True)
-    return plugin_fields(key, value, num_q_heads=hq, kv_heads=hkv, layer_idx=layer_idx, tokens_per_block=32,
-                         fingerprint=FINGERPRINT, page_lse_shift=torch.rand(hq, generator=gen) + 0.5,
-                         rope_base=500000.0, rope_scaling="llama3", rope_factor=8.0,
-                         rope_original_max_positions=8192)
+    table = make_table(d, 3.5, 3.0, hkv, hq, gen, layer=LAYER, seed=77, tables=True, page_shift=True)
+    blob = layer_table_bytes(table, LAYER, num_q_heads=hq, num_kv_heads=hkv, fingerprint=FINGERPRINT)
+    return plugin_fields(blob, tokens_per_block=tokens_per_block, rope_base=500000.0, rope_scaling="llama3",
+                         rope_factor=8.0, rope_original_max_positions=8192)
 
 
-def export(fields: dict, path: Path, fingerprint_text: str | None = None) -> dict:
-    """Writes the layer's ONNX graph to `path` (optionally with the fingerprint as hexadecimal text,
-    as another exporter may write it); returns the optimization profile for its inputs."""
-    from onnx import helper
+def export(fields: dict, path: Path, table_version: int | None = None) -> dict:
+    """Writes the layer's ONNX graph to `path` (optionally with another version in the layer
+    table's header, as an older tq_trtllm wrote it); returns the optimization profile for its inputs."""
+    from onnx import numpy_helper
 
     from tq_trtllm.trt.onnx_node import plugin_inputs, quantized_attention_model, save_model
+    from tq_trtllm.trt.plugin_fields import layer_table_header
 
     model = quantized_attention_model(fields)
-    if fingerprint_text is not None:
+    if table_version is not None:
         (node,) = model.graph.node
-        (old,) = [a for a in node.attribute if a.name == "model_fingerprint"]
-        node.attribute.remove(old)
-        node.attribute.append(helper.make_attribute("model_fingerprint", fingerprint_text))
+        (attribute,) = [a for a in node.attribute if a.name == "layer_table"]
+        table = numpy_helper.to_array(attribute.t).copy()
+        table[4:8] = np.frombuffer(struct.pack("<I", table_version), np.int8)
+        attribute.t.CopyFrom(numpy_helper.from_array(table, "layer_table"))
     save_model(model, path)
-    hq, hkv, d = (int(fields[k][0]) for k in ("num_q_heads", "num_kv_heads", "head_dim"))
+    header = layer_table_header(fields["layer_table"])
     return {name: [[DIM_RANGES[x][i] if isinstance(x, str) else x for x in shape] for i in range(3)]
-            for name, _, shape in plugin_inputs(hq, hkv, d)}
+            for name, _, shape in plugin_inputs(header.num_q_heads, header.num_kv_heads, header.head_dim)}
 
 
 def build(tmp_path: Path, fields: dict, **export_args) -> dict:
@@ -133,40 +136,27 @@ def test_engine_built_by_tensorrt_rtx_on_cpu_carries_the_fields(tmp_path):
     assert report["parsed"], report["parser_errors"]
     assert report["built"], [m for s, m in report["log"] if s in ("ERROR", "INTERNAL_ERROR")]
     engine = Path(report["engine"]).read_bytes()
-    # The plugin's serialized fields: every name, the calibration table byte for byte (written by
-    # plugin_fields.py, carried through the ONNX node as int8), and the fingerprint that came as
-    # two int32 attribute values, as one little-endian 64-bit value.
+    # The plugin's serialized fields: every declared name, and the layer table byte for byte (written
+    # by plugin_fields.py, carried through the ONNX node as int8): the layer's identity, heads,
+    # widths, rotation seed and fingerprint are in it and nowhere else.
     for name in fields:
         assert name.encode() + b"\0" in engine, f"field {name} is not in the engine"
-    assert fields["calibration_table"].tobytes() in engine
-    assert struct.pack("<Q", FINGERPRINT) in engine
+    assert fields["layer_table"].tobytes() in engine
     assert b"QuantizedAttention" in engine and not plugin_messages(report)
 
 
-def test_fingerprint_as_hex_text_is_serialized_as_its_64_bit_value(tmp_path):
-    """The text form (an ONNX string attribute, a kCHAR field) is converted, not copied."""
-    text = f"0x{FINGERPRINT:016x}"
-    report = build(tmp_path, layer_fields(), fingerprint_text=text)
-    assert report["built"], report["parser_errors"] or report["log"][-5:]
-    engine = Path(report["engine"]).read_bytes()
-    assert struct.pack("<Q", FINGERPRINT) in engine and text.encode() not in engine
-
-
 @pytest.mark.parametrize("bad, expected", [
-    ("table of another layer",
-     "createPlugin('layers.4.attention', build phase): field 'calibration_table' was made for layer 3, "
-     "but field 'layer_idx' is 4"),
-    ("fingerprint text that is not hexadecimal",
-     "field 'model_fingerprint' is 'feedc0de1234567g', not a 64-bit hexadecimal number"),
+    ("layer table of version 3",
+     "createPlugin('layers.3.attention', build phase): field 'layer_table' has layer table version 3; "
+     "this plugin reads version 4: rebuild the engine (or ONNX graph) with this tq_trtllm"),
+    ("tokens per block not a multiple of 16",
+     "field 'tokens_per_block' is 40; it must be a positive multiple of 16"),
 ])
 def test_bad_field_fails_the_build_with_the_plugins_message(tmp_path, bad, expected):
-    fields = layer_fields()
-    text = None
-    if bad == "table of another layer":
-        fields["layer_idx"] = fields["layer_idx"] + 1  # the table says layer 3
+    if "version" in bad:
+        report = build(tmp_path, layer_fields(), table_version=3)
     else:
-        text = "feedc0de1234567g"
-    report = build(tmp_path, fields, fingerprint_text=text)
+        report = build(tmp_path, layer_fields(tokens_per_block=40))
     assert not report["parsed"] and not report["built"]
     assert any("Could not create the plugin" in e for e in report["parser_errors"]), report["parser_errors"]
     # through the logger TensorRT gave the plugin (setLoggerFinder), at error severity; not stderr

@@ -1,11 +1,10 @@
 """The TensorRT side of the TensorRT-LLM builder against a real TensorRT plugin registry: TensorRT
 for RTX 1.7 (pip tensorrt-rtx-cu13, CPU) loads libtq_attention_plugin.so, and
 attention_patch.create_plugin turns a tensor-parallel rank's fields into a plugin through the
-creator (the Python field collection with the 64-bit fingerprint as kINT64 and the table as
-kUNKNOWN bytes, which the ONNX route cannot carry), or fails with the plugin's message naming the
-field. TensorRT-RTX's Python network has no add_plugin_v3, so the layer itself is built in
-TensorRT-RTX through the ONNX node (the plugin's own test) and in TensorRT-LLM by
-tq-eval trtllm-check."""
+creator (the Python field collection with the layer table as kUNKNOWN bytes, which the ONNX
+route cannot carry), or fails with the plugin's message naming the field. TensorRT-RTX's Python
+network has no add_plugin_v3, so the layer itself is built in TensorRT-RTX through the ONNX node
+(the plugin's own test) and in TensorRT-LLM by tq-eval trtllm-check."""
 
 import numpy as np
 import pytest
@@ -13,6 +12,7 @@ import pytest
 from required import REQUIRE_PLUGIN, needs
 from test_trtllm_rank_tables import HKV, HQ, full_table
 from tq_trtllm.core.errors import TQError
+from tq_trtllm.trt.plugin_fields import HEADER, layer_table_header
 from tq_trtllm.trtllm.attention_patch import create_plugin, layer_fields
 from tq_trtllm.trtllm.plugin_libraries import DYNAMIC, PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION, find_library
 from tq_trtllm.trtllm.rank_tables import rank_table
@@ -55,19 +55,27 @@ def test_each_ranks_fields_make_a_plugin(gen, registry):
     reg, log, _ = registry
     for rank in range(2):
         fields = rank_fields(gen, rank)
-        assert int(fields["num_kv_heads"][0]) == HKV // 2 and int(fields["num_q_heads"][0]) == HQ // 2
+        header = layer_table_header(fields["layer_table"])
+        assert (header.num_kv_heads, header.num_q_heads) == (HKV // 2, HQ // 2)
         assert create_plugin(f"tq_quantized_attention_1_rank{rank}", fields, trt, reg) is not None
 
 
-@pytest.mark.parametrize("field, value, named", [
-    ("tokens_per_block", np.array([40], np.int32), "tokens_per_block"),
-    ("model_fingerprint", np.array([7], np.int64), "fingerprint"),
-    ("num_kv_heads", np.array([4], np.int32), "calibration_table"),
+def _damaged(table: np.ndarray) -> np.ndarray:
+    """The layer table with one payload byte changed (its checksum no longer matches)."""
+    table = table.copy()
+    table[HEADER.size] ^= 0x40
+    return table
+
+
+@pytest.mark.parametrize("field, change, named", [
+    ("tokens_per_block", lambda _: np.array([40], np.int32), "'tokens_per_block' is 40"),
+    ("rope_scaling_type", lambda _: np.array([7], np.int32), "'rope_scaling_type' is 7"),
+    ("layer_table", _damaged, "'layer_table'"),
 ])
-def test_fields_the_plugin_refuses_fail_with_its_message(gen, registry, field, value, named):
+def test_fields_the_plugin_refuses_fail_with_its_message(gen, registry, field, change, named):
     reg, log, _ = registry
     fields = dict(rank_fields(gen, 0))
-    fields[field] = value
+    fields[field] = change(fields[field])
     log.messages.clear()
     with pytest.raises(TQError, match="refused the fields"):
         create_plugin("tq_quantized_attention_1", fields, trt, reg)

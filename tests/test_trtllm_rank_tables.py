@@ -1,5 +1,5 @@
-"""Tensor-parallel slicing of the calibration tables (tq_trtllm/trtllm/rank_tables.py): the ranks'
-tables, and the plugin tables built from them, together equal the single-rank table."""
+"""Tensor-parallel slicing of the calibration table (tq_trtllm/trtllm/rank_tables.py): the ranks'
+calibration tables, and the layer tables built from them, together equal the single-rank table."""
 
 import numpy as np
 import pytest
@@ -8,7 +8,7 @@ import torch
 from tq_trtllm.calibration.table import KVTable, LayerTable
 from tq_trtllm.core.errors import TQError
 from tq_trtllm.core.spec import CodecSpec
-from tq_trtllm.trt.plugin_fields import HEADER
+from tq_trtllm.trt.plugin_fields import HEADER, layer_table_header
 from tq_trtllm.trtllm.rank_tables import (KV_HEAD_TENSORS, Q_HEAD_TENSORS, join_rank_tables, rank_heads,
                                           rank_table)
 from tq_trtllm.trtllm.weight_names import rank_qkv_rows
@@ -56,21 +56,21 @@ def _payload_section(table_bytes: bytes, start: int, size: int) -> bytes:
 
 
 def test_rank_plugin_tables_hold_their_heads_rows(gen):
-    """The bytes each rank's plugin gets: the header says its heads, and its key-mean rows are the
-    single-rank table's rows of those heads, in order."""
+    """The layer table each rank's plugin gets: the header says its heads, and its key-mean rows are
+    the single-rank table's rows of those heads, in order."""
     from tq_trtllm.trtllm.attention_patch import layer_fields
 
     table = full_table(gen)
     rope = {"rope_base": 10000.0}
-    full = layer_fields(table, 1, 64, rope)["calibration_table"].tobytes()
-    parts = [layer_fields(rank_table(table, 2, r), 1, 64, rope) for r in range(2)]
+    full = layer_fields(table, 1, 64, rope)["layer_table"].tobytes()
+    parts = [layer_fields(rank_table(table, 2, r), 1, 64, rope)["layer_table"].tobytes() for r in range(2)]
     key, value = table.codecs(1)
     books = sum(len(c) for codec in (key, value) for c in codec.codebooks) * 4
-    for r, fields in enumerate(parts):
-        header = HEADER.unpack(fields["calibration_table"][:HEADER.size].tobytes())
-        assert header[5:7] == (1, HKV // 2) and header[-1] == HQ // 2  # layer, KV heads; query heads
-        assert int(fields["num_kv_heads"][0]) == HKV // 2 and int(fields["num_q_heads"][0]) == HQ // 2
-    rows = b"".join(_payload_section(p["calibration_table"].tobytes(), books, HKV // 2 * D * 4) for p in parts)
+    for part in parts:
+        header = layer_table_header(part)
+        assert (header.layer_idx, header.num_kv_heads, header.num_q_heads) == (1, HKV // 2, HQ // 2)
+        assert (header.rotation_seed, header.model_fingerprint) == (101, 0x00FF00FF00FF00FF)
+    rows = b"".join(_payload_section(p, books, HKV // 2 * D * 4) for p in parts)
     assert rows == _payload_section(full, books, HKV * D * 4)
     assert rows == table.layers[1].key_mean.numpy().astype("<f4").tobytes()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from tq_trtllm.calibration.table import KVTable, oblivious_table
 from tq_trtllm.core.paged import PagedLayerCache
 from tq_trtllm.core.quantizer import VectorCodec
 from tq_trtllm.core.rotary_mean import MAX_ROTARY_PAIRS, RotaryMean
@@ -22,21 +23,48 @@ def make_rotary(head_dim: int, heads: int, gen: torch.Generator) -> RotaryMean:
     return RotaryMean(a, freq, mean)
 
 
-def make_codec(head_dim: int, width: float, heads: int, gen: torch.Generator, seed: int,
-               tables: bool, rotary: bool = False) -> VectorCodec:
-    """A codec; with tables, a per-head mean, a positive scale and (fractional widths) outliers;
-    with rotary, a rotary mean (keys)."""
+def make_side(head_dim: int, width: float, heads: int, gen: torch.Generator) -> dict:
+    """One side's calibration arrays: a per-head mean, a positive scale and (fractional widths)
+    outliers."""
     spec = CodecSpec(head_dim, width)
-    if not tables:
-        return VectorCodec(spec, seed=seed)
     mean = 0.3 * torch.randn(heads, head_dim, generator=gen)
     scale = 0.5 + torch.rand(heads, head_dim, generator=gen)
     outliers = None
     if spec.num_outliers:
         outliers = torch.stack([torch.randperm(head_dim, generator=gen)[:spec.num_outliers]
                                 for _ in range(heads)])
-    return VectorCodec(spec, seed=seed, mean=mean, scale=scale, outliers=outliers,
+    return {"mean": mean, "scale": scale, "outliers": outliers}
+
+
+def make_codec(head_dim: int, width: float, heads: int, gen: torch.Generator, seed: int,
+               tables: bool, rotary: bool = False) -> VectorCodec:
+    """A codec; with tables, make_side's arrays; with rotary, a rotary mean (keys)."""
+    spec = CodecSpec(head_dim, width)
+    if not tables:
+        return VectorCodec(spec, seed=seed)
+    return VectorCodec(spec, seed=seed, **make_side(head_dim, width, heads, gen),
                        rotary=make_rotary(head_dim, heads, gen) if rotary else None)
+
+
+def make_table(head_dim: int, k_width: float, v_width: float, kv_heads: int, q_heads: int,
+               gen: torch.Generator, *, layer: int = 0, seed: int = 77, tables: bool = False,
+               page_shift: bool = False, config_hash: str = "feedc0de12345678") -> KVTable:
+    """A calibration table whose layer `layer` has these widths and rotation seed (the layers before
+    it: data-oblivious); with tables, make_side's arrays on both sides and the keys' rotary mean;
+    with page_shift, a page shift per query head in (0.5, 1.5)."""
+    fingerprint = {"family": "llama", "layers": layer + 1, "heads": q_heads, "kv_heads": kv_heads,
+                   "head_dim": head_dim, "config_hash": config_hash}
+    table = oblivious_table(fingerprint, k_width, v_width)
+    entry = table.layers[layer]
+    entry.seed = seed
+    if tables:
+        for side, width in (("key", k_width), ("value", v_width)):
+            for name, t in make_side(head_dim, width, kv_heads, gen).items():
+                setattr(entry, f"{side}_{name}", t)
+        entry.key_rotary = make_rotary(head_dim, kv_heads, gen)
+    if page_shift:
+        entry.page_lse_shift = torch.rand(q_heads, generator=gen) + 0.5
+    return table
 
 
 def make_cache(head_dim: int, k_width: float, v_width: float, heads: int, tokens_per_block: int,

@@ -1,4 +1,6 @@
-"""The calibration table: everything the quantized cache needs for every layer of one model."""
+"""The calibration table: everything the quantized cache needs for every layer of one model
+(`KVTable`; its safetensors file: tables_io.py). Not to be confused with a layer table, the one
+layer's blob that the TensorRT plugin's field carries (trt/plugin_fields.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from ..core.rotary_mean import RotaryMean
 from ..core.spec import CodecSpec
 from .options import MAX_RECENT_TOKENS  # noqa: F401  (defined where tq-build reads it, torch-free)
 
-TABLE_VERSION = 2
+CALIBRATION_FILE_VERSION = 2  # of the safetensors file's header (tables_io.py)
 # a shift of 4 would mean logit noise of std ~2.8, far beyond any width the format has: a table
 # that holds more is damaged
 MAX_PAGE_LSE_SHIFT = 4.0

@@ -17,7 +17,7 @@ import torch
 from ..core.errors import TQError
 from ..core.spec import CodecSpec, parse_width
 from ..models.fingerprint import fingerprint_differences
-from .table import MAX_PAGE_LSE_SHIFT, MAX_RECENT_TOKENS, TABLE_VERSION, KVTable, LayerTable
+from .table import CALIBRATION_FILE_VERSION, MAX_PAGE_LSE_SHIFT, MAX_RECENT_TOKENS, KVTable, LayerTable
 
 HEADER_KEY = "tq_table"
 
@@ -38,7 +38,7 @@ def save_table(table: KVTable, path: str | Path) -> None:
             if t is not None:
                 tensors[_tensor_name(i, name)] = t.detach().cpu().contiguous()
     header = {
-        "version": TABLE_VERSION,
+        "version": CALIBRATION_FILE_VERSION,
         "fingerprint": table.fingerprint,
         "kv_bits": table.kv_bits,
         "sink_tokens": table.sink_tokens,
@@ -87,9 +87,9 @@ def load_table(path: str | Path, model_fingerprint: dict | None = None) -> KVTab
 
 
 def _from_header(header: dict, tensors: dict) -> KVTable:
-    if header.get("version") != TABLE_VERSION:
-        raise TQError(f"table format version {header.get('version')} is not readable; this tq_trtllm "
-                      f"reads version {TABLE_VERSION}")
+    if header.get("version") != CALIBRATION_FILE_VERSION:
+        raise TQError(f"calibration file version {header.get('version')} is not readable; this tq_trtllm "
+                      f"reads version {CALIBRATION_FILE_VERSION}")
     fp = header["fingerprint"]
     n_layers, heads = int(fp["layers"]), int(fp["heads"])
     kv_heads, head_dim = int(fp["kv_heads"]), int(fp["head_dim"])

@@ -20,9 +20,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..core.errors import TQError
-from .plugin_fields import importable_fields
+from .plugin_fields import PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION, importable_fields, layer_table_header
 
-PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION = "QuantizedAttention", "tq", "1"
 OUTPUT = "attention_output"
 OPSET = 17  # the default domain's; the graph uses no standard operator
 IR_VERSION = 8  # the oldest IR that opset 17 allows: readable by every TensorRT 10 parser
@@ -61,11 +60,13 @@ def field_attribute(name: str, value: np.ndarray) -> onnx.AttributeProto:
 
 def quantized_attention_model(fields: dict, *, dtype: str = "fp16", name: str | None = None) -> onnx.ModelProto:
     """A graph of one QuantizedAttention node whose attributes are `fields` (plugin_fields's output,
-    converted here by importable_fields), with the plugin's inputs as graph inputs."""
-    hq, hkv, d = (int(fields[k][0]) for k in ("num_q_heads", "num_kv_heads", "head_dim"))
+    converted here by importable_fields), with the plugin's inputs as graph inputs sized by the
+    layer table's heads and head_dim."""
+    header = layer_table_header(fields["layer_table"])
+    hq, hkv, d = header.num_q_heads, header.num_kv_heads, header.head_dim
     inputs = [helper.make_tensor_value_info(n, t, shape) for n, t, shape in plugin_inputs(hq, hkv, d, dtype)]
     output = helper.make_tensor_value_info(OUTPUT, ACTIVATION_TYPES[dtype], ["num_tokens", hq * d])
-    layer = int(fields["layer_idx"][0])
+    layer = header.layer_idx
     node = helper.make_node(PLUGIN_NAME, [i.name for i in inputs], [OUTPUT], name=name or f"layers.{layer}.attention",
                             domain=PLUGIN_NAMESPACE, plugin_namespace=PLUGIN_NAMESPACE, plugin_version=PLUGIN_VERSION)
     node.attribute.extend(field_attribute(k, v) for k, v in importable_fields(fields).items())

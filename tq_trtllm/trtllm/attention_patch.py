@@ -17,8 +17,8 @@ import numpy as np
 
 from ..core.errors import TQError
 from ..models.fingerprint import rope_of
-from ..trt.plugin_fields import FIELD_TYPES, plugin_fields
-from .plugin_libraries import PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION
+from ..trt.plugin_fields import (FIELD_TYPES, PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION, layer_table_bytes,
+                                 plugin_fields)
 from .weight_names import KEPT_ATTENTION_MODULES
 
 # the plugin's inputs in its order (plugin_cpp/plugin/io_layout.h)
@@ -46,13 +46,12 @@ def rope_field_args(hf_config) -> dict:
 
 
 def layer_fields(table, layer: int, tokens_per_block: int, rope_args: dict) -> dict:
-    """The plugin fields of one layer of a (rank's) table."""
-    key, value = table.codecs(layer)
+    """The plugin fields of one layer of a (rank's) calibration table: its layer table, with the
+    heads of that rank, and the block size and RoPE."""
     fp = table.fingerprint
-    return plugin_fields(key, value, num_q_heads=int(fp["heads"]), kv_heads=int(fp["kv_heads"]),
-                         layer_idx=layer, tokens_per_block=tokens_per_block,
-                         fingerprint=int(fp["config_hash"], 16),
-                         page_lse_shift=table.layers[layer].page_lse_shift, **rope_args)
+    blob = layer_table_bytes(table, layer, num_q_heads=int(fp["heads"]), num_kv_heads=int(fp["kv_heads"]),
+                             fingerprint=int(fp["config_hash"], 16))
+    return plugin_fields(blob, tokens_per_block=tokens_per_block, **rope_args)
 
 
 def _tensorrt(trt):
@@ -62,7 +61,7 @@ def _tensorrt(trt):
 
 
 def plugin_field_collection(fields: dict, trt=None):
-    """PluginFieldCollection of plugin_fields' arrays (the table as kUNKNOWN bytes); `trt`: the
+    """PluginFieldCollection of plugin_fields' arrays (the layer table as kUNKNOWN bytes); `trt`: the
     TensorRT Python module (default: tensorrt, TensorRT-LLM's)."""
     trt = _tensorrt(trt)
     return trt.PluginFieldCollection([

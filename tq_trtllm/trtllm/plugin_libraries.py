@@ -10,13 +10,13 @@ import shutil
 from pathlib import Path
 
 from ..core.errors import TQError
+from ..trt.plugin_fields import PLUGIN_NAME, PLUGIN_NAMESPACE, PLUGIN_VERSION
 
 DYNAMIC = "libtq_attention_plugin.so"     # getCreators(): IPluginRegistry::loadLibrary, trtexec
 PRELOAD = "libtq_attention_plugin_preload.so"  # registers at load time: LD_PRELOAD, Triton
 KERNELS = "libtq_kernels.so"               # what both link, found through RPATH $ORIGIN
 LIBRARIES = (DYNAMIC, PRELOAD, KERNELS)
 ENGINE_LIB_DIR = "lib"
-PLUGIN_NAME, PLUGIN_VERSION, PLUGIN_NAMESPACE = "QuantizedAttention", "1", "tq"
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 _REPO = _PACKAGE_DIR.parent
