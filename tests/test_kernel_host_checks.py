@@ -20,7 +20,8 @@ NVCC = shutil.which("nvcc")
 
 # each test's source, and the library's sources it runs (host code only)
 SOURCES = {"tile_decode_test.cu": [], "small_divisor_test.cu": [],
-           "attention_plan_test.cu": ["attention_plan.cpp", "cache.cpp", "layout.cpp", "errors.cpp"]}
+           "attention_plan_test.cu": ["attention_plan.cpp", "cache.cpp", "layout.cpp", "errors.cpp",
+                                      "codec.cpp", "last_error.cpp"]}
 
 
 @needs(None if NVCC else "nvcc not found: the CUDA toolkit is not installed", REQUIRE_CUDA_BUILD)

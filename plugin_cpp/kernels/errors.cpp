@@ -1,22 +1,7 @@
-// errors.cpp: tq_last_error and the format-version check.
+// errors.cpp: the launch check and the format-version check.
 #include "errors.h"
 
-#include <cstdarg>
-#include <cstdio>
-
-namespace {
-thread_local char last_error[512] = "";
-}
-
 namespace tq {
-
-tq_status fail(tq_status status, const char* format, ...) {
-  va_list args;
-  va_start(args, format);
-  std::vsnprintf(last_error, sizeof(last_error), format, args);
-  va_end(args);
-  return status;
-}
 
 tq_status check_launch(const char* what) {
   cudaError_t err = cudaGetLastError();
@@ -26,8 +11,6 @@ tq_status check_launch(const char* what) {
 }
 
 }  // namespace tq
-
-extern "C" const char* tq_last_error(void) { return last_error; }
 
 extern "C" tq_status tq_check_format_version(int32_t version) {
   if (!TQ_READS_FORMAT_VERSION(version))

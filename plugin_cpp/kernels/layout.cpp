@@ -8,48 +8,29 @@
 #include <cstdint>
 #include <iterator>
 
+#include "codec.h"
 #include "errors.h"
 
 namespace tq {
-namespace {
-
-bool is_kernel_head_dim(int d) { return d == 64 || d == 128; }
-
-}  // namespace
 
 tq_status make_layout(const tq_codec* codec, int tokens, const char* what, CodecLayout* out) {
   if (!codec) return fail(TQ_ERR_NULL_POINTER, "the %s codec is NULL", what);
-  if (!is_kernel_head_dim(codec->head_dim))
-    return fail(TQ_ERR_UNSUPPORTED_HEAD_DIM,
-                "%s head_dim %d is not supported by the CUDA kernels; supported head dims are 64 "
-                "and 128", what, codec->head_dim);
+  TQ_TRY(check_codec_shape(*codec, what));  // head_dim and the groups of a width (tq_codec_init's)
   if (tokens <= 0 || tokens % 16)
     return fail(TQ_ERR_INVALID_ARGUMENT, "tokens_per_block %d must be a positive multiple of 16",
                 tokens);
   const int d = codec->head_dim;
   const int g_count = codec->num_groups;
-  if (g_count != 1 && g_count != 2)
-    return fail(TQ_ERR_INVALID_ARGUMENT, "%s codec has %d groups; use 1 (integer widths) or 2 "
-                "(fractional widths)", what, g_count);
   CodecLayout l{};
   l.head_dim = d;
   for (int g = 0; g < g_count; ++g) {
-    const int n = codec->group_dim[g], b = codec->group_bits[g];
-    if (n != d / g_count)
-      return fail(TQ_ERR_INVALID_ARGUMENT, "%s group %d has %d coordinates; with %d group(s) of "
-                  "head_dim %d each group has %d", what, g, n, g_count, d, d / g_count);
-    if (b < 1 || b > TQ_MAX_BITS)
-      return fail(TQ_ERR_UNSUPPORTED_BITS, "%s group %d has %d bits per coordinate; use 1 to %d",
-                  what, g, b, TQ_MAX_BITS);
-    if (g_count == 2 && codec->group_bits[0] != codec->group_bits[1] + 1)
-      return fail(TQ_ERR_UNSUPPORTED_BITS, "%s fractional width needs group bits {b+1, b}, got "
-                  "{%d, %d}", what, codec->group_bits[0], codec->group_bits[1]);
+    const int b = codec->group_bits[g];
     const int levels = 1 << b;
     const float* c = codec->codebook[g];
-    for (int k = 0; k < levels; ++k)
-      if (!std::isfinite(c[k]) || (k > 0 && !(c[k] > c[k - 1])))
-        return fail(TQ_ERR_INVALID_ARGUMENT, "%s group %d codebook is not finite and strictly "
-                    "ascending at entry %d", what, g, k);
+    const int bad = first_bad_level(c, levels);
+    if (bad >= 0)
+      return fail(TQ_ERR_INVALID_ARGUMENT, "%s group %d codebook is not finite and strictly "
+                  "ascending at entry %d", what, g, bad);
     // FORMAT.md section 1: the levels as read, on the 8-bit grid of the largest magnitude m.
     const double m = std::max(std::fabs(double(c[0])), std::fabs(double(c[levels - 1])));
     l.grid_step[g] = static_cast<float>(m / 127.0);

@@ -19,7 +19,7 @@ LIB_NAME = "libtq_kernels.so"
 MAX_GROUPS = 2
 MAX_BITS = max(PLANES)  # TQ_MAX_BITS: the widest code, whose 2**MAX_BITS centroids tq_codec holds
 MAX_DECODE_Q_LEN = 8  # TQ_MAX_DECODE_Q_LEN: query tokens per sequence of a call with the fused append
-ABI_VERSION = 2  # TQ_ABI_VERSION: the C ABI these mirrors and signatures declare
+ABI_VERSION = 3  # TQ_ABI_VERSION: the C ABI these mirrors and signatures declare
 FP16, BF16 = 0, 1
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -110,6 +110,11 @@ _I32 = ctypes.c_int32
 _SIGNATURES = {
     "tq_last_error": (ctypes.c_char_p, []),
     "tq_check_format_version": (ctypes.c_int, [_I32]),
+    # (codec, head_dim, width_x2, seed, codebooks, num_codebook_entries)
+    "tq_codec_init": (ctypes.c_int, [ctypes.POINTER(TqCodec), _I32, _I32, ctypes.c_uint32,
+                                     ctypes.POINTER(ctypes.c_float), _I32]),
+    "tq_codec_codebook_entries": (_I32, [_I32, _I32]),
+    "tq_codec_token_bytes": (ctypes.c_int64, [ctypes.POINTER(TqCodec)]),
     "tq_page_bytes": (ctypes.c_int64, [ctypes.POINTER(TqCodec), _I32]),
     "tq_codebook_levels": (ctypes.c_int, [ctypes.POINTER(TqCodec), _I32, ctypes.POINTER(ctypes.c_float)]),
     "tq_quantize_append": (ctypes.c_int, [ctypes.POINTER(TqPagedCache), _P, _P, ctypes.c_int64,

@@ -61,8 +61,8 @@ const char* tq_last_error(void);
 /* TQ_OK if the library reads `version`, else TQ_ERR_FORMAT_VERSION with a message. */
 tq_status tq_check_format_version(int32_t version);
 
-/* How one of K or V is encoded (docs/FORMAT.md, sections 1-4), for one layer.
- * Integer widths: num_groups 1, group_dim {head_dim}, group_bits {b}.
+/* How one of K or V is encoded (docs/FORMAT.md, sections 1-4), for one layer; tq_codec_init
+ * (below) fills it for a width. Integer widths: num_groups 1, group_dim {head_dim}, group_bits {b}.
  * Fractional widths w: num_groups 2, group_dim {head_dim/2, head_dim/2},
  * group_bits {ceil(w), floor(w)} (the outlier half first). */
 typedef struct tq_codec {
@@ -87,6 +87,31 @@ typedef struct tq_codec {
   const float* rotary_freq;
   const float* rotary_mean;
 } tq_codec;
+
+/* The groups of a width (FORMAT.md section 2), in one place for every caller: widths travel as
+ * width_x2, twice the width (2 to 2 * TQ_MAX_BITS: 1, 1.5, ..., 5 bits per coordinate), so that
+ * fractional widths stay integers. Host only: no GPU, no CUDA call.
+ *
+ * tq_codec_init fills *codec for one of K or V of a layer: head_dim (64 or 128), the groups of
+ * width_x2 / 2 bits, the codebooks and `seed`; perm, mean, scale and the rotary arrays NULL and
+ * rotary_pairs 0 (the caller sets those after). codebooks: every group's 2^b_g levels back to back
+ * (group 0 first), each group's finite and strictly ascending, num_codebook_entries of them in all
+ * (tq_codec_codebook_entries); or NULL with num_codebook_entries 0 for zeros (a codec for size
+ * arithmetic only, which tq_page_bytes refuses). Errors, each with tq_last_error naming the value
+ * and what is supported, and *codec left unchanged: codec NULL or codebooks NULL with entries
+ * (TQ_ERR_NULL_POINTER), head_dim (TQ_ERR_UNSUPPORTED_HEAD_DIM), width_x2 (TQ_ERR_UNSUPPORTED_BITS),
+ * num_codebook_entries or a codebook not finite and strictly ascending (TQ_ERR_INVALID_ARGUMENT). */
+tq_status tq_codec_init(tq_codec* codec, int32_t head_dim, int32_t width_x2, uint32_t seed,
+                        const float* codebooks, int32_t num_codebook_entries);
+
+/* The codebook entries tq_codec_init takes for width_x2 at head_dim (the sum of 2^b_g over the
+ * groups), or -1 with tq_last_error naming the bad head_dim or width_x2. */
+int32_t tq_codec_codebook_entries(int32_t head_dim, int32_t width_x2);
+
+/* Packed bytes of one token of one head for `codec`: the sum over its groups of n_g * b_g / 8 + 2
+ * (codes and an fp16 norm; a page of T tokens holds T times as many). -1 with tq_last_error when
+ * codec is NULL or its head_dim and groups are not those tq_codec_init gives for some width. */
+int64_t tq_codec_token_bytes(const tq_codec* codec);
 
 /* One layer's paged cache (FORMAT.md, section 6). */
 typedef struct tq_paged_cache {
@@ -167,7 +192,7 @@ tq_status tq_quantize_append(const tq_paged_cache* cache, const void* k, const v
  * Limits: q_len 1..TQ_MAX_Q_LEN; batch x ceil(q_len x group / 16) <= 65535 (tq_attention_plan
  * refuses more). Calls of up to 8 query rows per KV head and the longer ones run the same contract
  * on different kernels (a decode step's split pass, a prefill chunk's tensor-core pass). */
-#define TQ_ABI_VERSION 2 /* 2: attention as tq_attention_plan + tq_attention_run */
+#define TQ_ABI_VERSION 3 /* 2: attention as tq_attention_plan + tq_attention_run; 3: tq_codec_init */
 #define TQ_MAX_Q_LEN (1 << 20)
 typedef struct tq_attention_params {
   const tq_paged_cache* cache;

@@ -2,8 +2,8 @@
 // run on the CPU without a GPU: the plan is deterministic, its workspace serves both of its CTA
 // shapes and every smaller call, the grid limit and every bad shape are refused with their
 // status, and tq_attention_run's checks (check_call, check_workspace) refuse each bad argument
-// before anything would be launched. Built with attention_plan.cpp, cache.cpp, layout.cpp and
-// errors.cpp (tests/test_kernel_host_checks.py).
+// before anything would be launched. Built with attention_plan.cpp, cache.cpp, layout.cpp,
+// errors.cpp, codec.cpp and last_error.cpp (tests/test_kernel_host_checks.py).
 #include <cmath>
 #include <cstdio>
 #include <cstring>
