@@ -2,13 +2,16 @@
 OSS headers of TensorRT 10.13 and 11.1 in ../shared/third_party/tensorrt-oss (or
 $TENSORRT_INCLUDE_DIR, or third_party_headers/ from build_scripts/fetch_trt_headers.sh). They cover
 the build-time methods and fields (plugin_cpp/tests/test_plugin_build.cpp), the LD_PRELOAD variant's
-load-time registration (test_preload_registration.cpp, against a stand-in libnvinfer), and a check
-that every value of a table the Python writer makes reads back in C++ as written. Needs CMake, a C++
+load-time registration (test_preload_registration.cpp, against a stand-in libnvinfer), that the
+creator's identity and fields are those quantized_attention_fields.json declares, that every value
+of a layer table the Python writer makes reads back in C++ as written, and that the C++ reader
+refuses what the Python writer would never write, each with its message. Needs CMake, a C++
 compiler and the CUDA toolkit's headers and runtime library; no GPU, no nvcc run, no libnvinfer.
 Skipped with the reason where something is missing; failed instead where TQ_REQUIRE_PLUGIN=1."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -19,10 +22,9 @@ import pytest
 import torch
 
 from required import REQUIRE_PLUGIN, is_required, needs
-from tq_trtllm.core.quantizer import VectorCodec
+from tq_trtllm.calibration.table import KVTable, LayerTable, oblivious_table
 from tq_trtllm.core.rotary_mean import select_pairs
-from tq_trtllm.core.spec import CodecSpec
-from tq_trtllm.trt.plugin_fields import calibration_table_bytes
+from tq_trtllm.trt.plugin_fields import HEADER, layer_table_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 OSS_HEADERS = ROOT.parent / "shared" / "third_party" / "tensorrt-oss"
@@ -106,22 +108,42 @@ def read_back(binary: Path, table: Path) -> tuple[str, dict[str, np.ndarray]]:
     return header, arrays
 
 
+def test_creator_declares_the_json_fields(unit_tests):
+    """Name, namespace, version and every field's name and type, in order, as the one declaration
+    (tq_trtllm/trt/quantized_attention_fields.json) says: the C++ side is generated from it."""
+    declared = json.loads((ROOT / "tq_trtllm" / "trt" / "quantized_attention_fields.json").read_text())
+    plugin = declared["plugin"]
+    expected = [f"plugin {plugin['name']} {plugin['namespace']} {plugin['version']}"]
+    expected += [f"field {f['name']} {f['type']}" for f in declared["fields"]]
+    for include, binary in unit_tests.items():
+        done = subprocess.run([str(binary), "--fields"], capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.splitlines() == expected, f"against {include}"
+
+
+FINGERPRINT = {"family": "llama", "layers": 6, "heads": 16, "kv_heads": 4, "head_dim": 128,
+               "config_hash": "8000000000003039"}
+
+
 def test_python_table_reads_back_in_cpp(unit_tests, tmp_path, gen):
-    """Every element, in its place: the expected arrays come from the codecs' own tensors and
+    """Every element, in its place: the expected arrays come from the layer's own tensors and
     FORMAT.md's rules (the permutation rebuilt from the outlier sets), not from the writer."""
-    head_dim, kv_heads, q_heads = 128, 4, 16
+    head_dim, kv_heads, q_heads, layer, seed = 128, 4, 16, 5, 0xC0FFEE11
     outliers = torch.stack([torch.randperm(head_dim, generator=gen)[:head_dim // 2] for _ in range(kv_heads)])
     inv_freq = 10000.0 ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     rotary = select_pairs(torch.randn(kv_heads, head_dim, generator=gen, dtype=torch.float64), inv_freq, 16)
     mean = torch.randn(kv_heads, head_dim, generator=gen)
     scale = torch.rand(kv_heads, head_dim, generator=gen) + 0.5
-    key = VectorCodec(CodecSpec(head_dim, 3.5), seed=11, mean=mean, scale=scale, outliers=outliers, rotary=rotary)
-    value = VectorCodec(CodecSpec(head_dim, 3), seed=11)
     shift = torch.rand(q_heads, generator=gen)
-    fingerprint = 2**63 + 12345
+    table = oblivious_table(FINGERPRINT, 3.0, 3.0)
+    table.layers[layer] = entry = LayerTable(3.5, 3.0, seed, key_mean=mean, key_scale=scale, key_outliers=outliers,
+                                             page_lse_shift=shift)
+    entry.key_rotary = rotary
+    key, value = table.codecs(layer)
+    fingerprint = int(FINGERPRINT["config_hash"], 16)
     path = tmp_path / "table.bin"
-    path.write_bytes(calibration_table_bytes(key, value, layer_idx=5, kv_heads=kv_heads, num_q_heads=q_heads,
-                                             fingerprint=fingerprint, page_lse_shift=shift))
+    path.write_bytes(layer_table_bytes(table, layer, num_q_heads=q_heads, num_kv_heads=kv_heads,
+                                       fingerprint=fingerprint))
 
     f32 = lambda t: np.asarray(torch.as_tensor(t).detach().cpu().numpy(), dtype=np.float32).ravel()  # noqa: E731
     perm = [sorted(int(c) for c in row) + sorted(set(range(head_dim)) - {int(c) for c in row}) for row in outliers]
@@ -137,8 +159,8 @@ def test_python_table_reads_back_in_cpp(unit_tests, tmp_path, gen):
     assert len(expected["key_codebooks"]) == 16 + 8  # 3.5 bits: a 4-bit and a 3-bit group
     for include, binary in unit_tests.items():
         header, got = read_back(binary, path)
-        assert header == (f"fingerprint={fingerprint} layer=5 kv_heads={kv_heads} q_heads={q_heads} "
-                          f"head_dim={head_dim} key_x2=7 value_x2=6 rotary_pairs=16"), include
+        assert header == (f"fingerprint={fingerprint} layer={layer} kv_heads={kv_heads} q_heads={q_heads} "
+                          f"head_dim={head_dim} key_x2=7 value_x2=6 seed={seed} rotary_pairs=16"), include
         assert sorted(got) == sorted(expected), include
         for name, want in expected.items():
             want = np.asarray(want, dtype=np.float32)  # small integers too are exact in fp32
@@ -148,11 +170,49 @@ def test_python_table_reads_back_in_cpp(unit_tests, tmp_path, gen):
                                      f"first at {wrong[0]}: {got[name][wrong[0]]} != {want[wrong[0]]}")
 
 
-def test_corrupt_python_table_is_refused(unit_tests, tmp_path):
-    key = value = VectorCodec(CodecSpec(64, 2), seed=0)
-    table = bytearray(calibration_table_bytes(key, value, layer_idx=0, kv_heads=1, num_q_heads=1, fingerprint=1))
-    table[-1] ^= 0xFF
-    path = tmp_path / "table.bin"
-    path.write_bytes(bytes(table))
-    done = subprocess.run([str(next(iter(unit_tests.values()))), "--table", str(path)], capture_output=True, text=True)
-    assert done.returncode == 1 and "checksum" in done.stdout
+def small_table(key_width: float = 2.0, head_dim: int = 64) -> KVTable:
+    return oblivious_table({**FINGERPRINT, "layers": 1, "kv_heads": 1, "head_dim": head_dim}, key_width, 2.0)
+
+
+def patched(blob: bytes, **fields) -> bytes:
+    """`blob` with header fields (LayerTableHeader's names) replaced; the checksum kept as written."""
+    names = ("magic", "version", "format_version", "header_bytes", "model_fingerprint", "layer_idx", "num_kv_heads",
+             "head_dim", "key_width_x2", "value_width_x2", "flags", "payload_bytes", "checksum", "num_q_heads",
+             "rotation_seed", "reserved")
+    values = dict(zip(names, HEADER.unpack(blob[:HEADER.size])))
+    values.update(fields)
+    return HEADER.pack(*(values[n] for n in names)) + blob[HEADER.size:]
+
+
+def table_error(binary: Path, path: Path, blob: bytes) -> str:
+    path.write_bytes(blob)
+    done = subprocess.run([str(binary), "--table", str(path)], capture_output=True, text=True)
+    assert done.returncode == 1 and done.stdout.startswith("error: "), done.stdout + done.stderr
+    return done.stdout[len("error: "):].strip()
+
+
+def test_cpp_reader_refuses_bad_tables_with_their_messages(unit_tests, tmp_path):
+    """Tables the Python writer never makes, each refused by the C++ reader with its reason. Every
+    refusal is also checked inside the plugin's own messages by test_plugin_build.cpp."""
+    good = layer_table_bytes(small_table(), 0, num_q_heads=2, num_kv_heads=1, fingerprint=1)
+    binary, path = next(iter(unit_tests.values())), tmp_path / "table.bin"
+    corrupt = bytearray(good)
+    corrupt[-1] ^= 0xFF
+    cases = {
+        "version 3": (patched(good, version=3),
+                      "has layer table version 3; this plugin reads version 4: rebuild the engine (or ONNX graph) "
+                      "with this tq_trtllm"),
+        "reserved word": (patched(good, reserved=5), "has a non-zero reserved header word"),
+        "checksum": (bytes(corrupt), "fails its checksum"),
+        "width 5.5 in the header": (patched(good, key_width_x2=11), "has a key codec the kernels refuse: "),
+        "head_dim 96": (patched(good, head_dim=96), "has head_dim 96; the kernels support 64 and 128"),
+        "GQA ratio 9": (patched(good, num_q_heads=9), "has 9 query heads; the kernels need 1 to 8 times its 1 KV heads"),
+        "query heads not a multiple": (patched(good, num_q_heads=3, num_kv_heads=2),
+                                       "has 3 query heads; the kernels need 1 to 8 times its 2 KV heads"),
+        "negative layer": (patched(good, layer_idx=-2), "has layer index -2; it must not be negative"),
+        "header size": (patched(good, header_bytes=64), "has a malformed header (header size 64, not 72)"),
+    }
+    for name, (blob, message) in cases.items():
+        got = table_error(binary, path, blob)
+        assert message in got, f"{name}: {got}"
+    assert "is 40 bytes, shorter than its 72-byte header" in table_error(binary, path, good[:40])

@@ -25,15 +25,16 @@ bool locatePool(PluginConfig const& c, nvinfer1::PluginTensorDesc const* desc, v
                 PoolView& view, std::string& error) {
   nvinfer1::Dims const& offsets = desc[kBlockOffsets].dims;
   int64_t const numPools = desc[kHostPoolPointers].dims.d[0];
-  if (desc[kHostPoolMapping].dims.d[0] <= c.layerIdx) {
-    error = std::string("input '") + inputName(kHostPoolMapping) + "' does not map layer_idx " + std::to_string(c.layerIdx);
+  if (desc[kHostPoolMapping].dims.d[0] <= c.table.layerIdx) {
+    error = std::string("input '") + inputName(kHostPoolMapping) + "' does not map layer " + std::to_string(c.table.layerIdx) +
+            " (the layer table's layer index)";
     return false;
   }
   auto const* mapping = static_cast<int32_t const*>(inputs[kHostPoolMapping]);
-  int32_t const pool = mapping[2 * c.layerIdx];
-  int32_t const layerInPool = mapping[2 * c.layerIdx + 1];
+  int32_t const pool = mapping[2 * c.table.layerIdx];
+  int32_t const layerInPool = mapping[2 * c.table.layerIdx + 1];
   if (pool < 0 || pool >= numPools || pool >= offsets.d[0] || layerInPool < 0) {
-    error = std::string("input '") + inputName(kHostPoolMapping) + "' maps layer " + std::to_string(c.layerIdx) +
+    error = std::string("input '") + inputName(kHostPoolMapping) + "' maps layer " + std::to_string(c.table.layerIdx) +
             " to pool " + std::to_string(pool) + " / layer " + std::to_string(layerInPool) + ", which does not exist";
     return false;
   }
@@ -101,8 +102,8 @@ int32_t run(PluginConfig const& c, DeviceTables& tables, nvinfer1::PluginTensorD
   if (!tables.uploadMetadata(plan.metadata, pos, stream, error)) return 1;
 
   tq_stream const s = reinterpret_cast<tq_stream>(stream);
-  if (!kernelOk(tq_rope_split_qkv(inputs[kQkv], qkvWidth(c), dtype, pos, numTokens, c.numQHeads, c.numKvHeads,
-                                  c.headDim, &c.rope, q, kv, s),
+  if (!kernelOk(tq_rope_split_qkv(inputs[kQkv], qkvWidth(c), dtype, pos, numTokens, c.table.numQHeads, c.table.numKvHeads,
+                                  c.table.headDim, &c.rope, q, kv, s),
                 "RoPE", error))
     return 1;
 
@@ -112,7 +113,7 @@ int32_t run(PluginConfig const& c, DeviceTables& tables, nvinfer1::PluginTensorD
   cache.block_table = pool.blockTable;
   cache.max_blocks = pool.maxBlocks;
   cache.tokens_per_block = c.tokensPerBlock;
-  cache.num_kv_heads = c.numKvHeads;
+  cache.num_kv_heads = c.table.numKvHeads;
   // The pool's size is not an input (GPTAttention trusts the offsets too). TensorRT-LLM keeps a pool
   // type in an offset's top two bits: a block still in the secondary pool is skipped, never read.
   cache.num_chunks = kPrimaryPoolOffsetLimit;
@@ -121,15 +122,15 @@ int32_t run(PluginConfig const& c, DeviceTables& tables, nvinfer1::PluginTensorD
   cache.page_lse_shift = tables.pageShift();
   // Context tokens come first in the batch: they are appended here; generation tokens are appended
   // by the decode attention call itself (tq_attention_params::append: one launch fewer per step).
-  int64_t const kvStride = 2 * int64_t(c.numKvHeads) * c.headDim;
+  int64_t const kvStride = 2 * int64_t(c.table.numKvHeads) * c.table.headDim;
   int32_t const contextTokens = plan.numGeneration > 0 ? plan.requests[plan.numContext].tokenBegin : numTokens;
   if (contextTokens > 0 &&
-      !kernelOk(tq_quantize_append(&cache, kv, kv + c.numKvHeads * c.headDim * elem, kvStride, dtype, seqIdx, pos,
+      !kernelOk(tq_quantize_append(&cache, kv, kv + c.table.numKvHeads * c.table.headDim * elem, kvStride, dtype, seqIdx, pos,
                                    contextTokens, batch, s),
                 "quantize-append", error))
     return 1;
 
-  int64_t const rowBytes = int64_t(c.numQHeads) * c.headDim * elem;
+  int64_t const rowBytes = int64_t(c.table.numQHeads) * c.table.headDim * elem;
   char* out = static_cast<char*>(outputs[kOutput]);
   int64_t const tableRow = 2 * int64_t(pool.maxBlocks);  // beam width 1
   void* attnWs = w + ws.attention;
@@ -137,13 +138,13 @@ int32_t run(PluginConfig const& c, DeviceTables& tables, nvinfer1::PluginTensorD
   tq_attention_params attn{};
   attn.cache = &cache;
   attn.new_stride = kvStride;
-  attn.num_q_heads = c.numQHeads;
-  attn.softmax_scale = 1.f / std::sqrt(float(c.headDim));
+  attn.num_q_heads = c.table.numQHeads;
+  attn.softmax_scale = 1.f / std::sqrt(float(c.table.headDim));
   attn.dtype = dtype;
   auto rowsFrom = [&](int32_t token) {  // the call's rows from the batch's token `token` on
     char const* kNew = kv + token * kvStride * elem;  // each token attends to its own K/V exactly
     attn.k_new = kNew;
-    attn.v_new = kNew + c.numKvHeads * c.headDim * elem;
+    attn.v_new = kNew + c.table.numKvHeads * c.table.headDim * elem;
     attn.q = q + token * rowBytes;
     attn.out = out + token * rowBytes;
   };
@@ -177,7 +178,7 @@ int32_t enqueueAttention(PluginConfig const& config, DeviceTables& tables, nvinf
                          void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) {
   std::string error;
   int32_t status = run(config, tables, inputDesc, inputs, outputs, workspace, stream, error);
-  if (status != 0) logError("layer " + std::to_string(config.layerIdx) + ": enqueue: " + error);
+  if (status != 0) logError("layer " + std::to_string(config.table.layerIdx) + ": enqueue: " + error);
   return status;
 }
 

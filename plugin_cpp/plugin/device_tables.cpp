@@ -38,21 +38,19 @@ bool DeviceTables::upload(std::vector<T> const& host, T const*& device, std::str
   return true;
 }
 
-bool DeviceTables::uploadSide(CalibSide const& side, int32_t widthX2, PluginConfig const& config, tq_codec& codec,
+bool DeviceTables::uploadSide(LayerTableSide const& side, int32_t widthX2, LayerTable const& table, tq_codec& codec,
                               std::string& error) {
-  codec = codecShape(widthX2, config.headDim);
-  codec.seed = uint32_t(config.rotationSeed);
-  size_t at = 0;
-  for (int32_t g = 0; g < codec.num_groups; ++g)
-    for (int32_t k = 0; k < codebookSize(codec, g); ++k) codec.codebook[g][k] = side.codebooks[at++];
+  if (!initCodec(codec, table.headDim, widthX2, table.rotationSeed, side.codebooks.data(),
+                 int32_t(side.codebooks.size()), error))
+    return false;
   return upload(side.perm, codec.perm, error) && upload(side.mean, codec.mean, error) &&
          upload(side.scale, codec.scale, error);
 }
 
 bool DeviceTables::ensureUploaded(PluginConfig const& config, std::string& error) {
   if (mUploaded) return true;
-  if (!uploadSide(config.table.key, config.keyWidthX2, config, mKey, error) ||
-      !uploadSide(config.table.value, config.valueWidthX2, config, mValue, error) ||
+  if (!uploadSide(config.table.key, config.table.keyWidthX2, config.table, mKey, error) ||
+      !uploadSide(config.table.value, config.table.valueWidthX2, config.table, mValue, error) ||
       !upload(config.table.pageShift, mPageShift, error) ||
       !upload(config.table.rotaryChannel, mKey.rotary_channel, error) ||
       !upload(config.table.rotaryFreq, mKey.rotary_freq, error) ||

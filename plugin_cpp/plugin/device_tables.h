@@ -1,4 +1,4 @@
-// device_tables.h: one plugin instance's device-side state: the calibration arrays the kernels read
+// device_tables.h: one plugin instance's device-side state: the layer table's arrays the kernels read
 // (uploaded once, on first use in the runtime phase, never during the build) and a pinned staging
 // buffer for the per-step metadata.
 #pragma once
@@ -32,7 +32,7 @@ class DeviceTables {
   bool uploadMetadata(std::vector<int32_t> const& metadata, void* device, cudaStream_t stream, std::string& error);
 
  private:
-  bool uploadSide(CalibSide const& side, int32_t widthX2, PluginConfig const& config, tq_codec& codec,
+  bool uploadSide(LayerTableSide const& side, int32_t widthX2, LayerTable const& table, tq_codec& codec,
                   std::string& error);
   template <typename T> bool upload(std::vector<T> const& host, T const*& device, std::string& error);
 

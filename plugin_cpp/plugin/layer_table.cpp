@@ -1,4 +1,4 @@
-#include "calib_table.h"
+#include "layer_table.h"
 
 #include "codec_layout.h"
 #include "tq/tq_kernels.h"
@@ -19,6 +19,7 @@ enum HeaderOffset : size_t {
   kOffMagic = 0, kOffTableVersion = 4, kOffFormatVersion = 8, kOffHeaderBytes = 12,
   kOffFingerprint = 16, kOffLayer = 24, kOffKvHeads = 28, kOffHeadDim = 32, kOffKeyWidth = 36,
   kOffValueWidth = 40, kOffFlags = 44, kOffPayloadBytes = 48, kOffChecksum = 56, kOffQHeads = 60,
+  kOffSeed = 64, kOffReserved = 68,
 };
 
 uint32_t fnv1a(uint8_t const* p, size_t n) {
@@ -50,16 +51,22 @@ constexpr ArrayRef kArrays[] = {
     {"value scale", kValueScale, false, 2}, {"value perm", kValuePerm, false, 3},
 };
 
-size_t elementCount(ArrayRef const& a, CalibTable const& t) {
-  if (a.kind == 0) return codebookEntries(codecShape(a.isKey ? t.keyWidthX2 : t.valueWidthX2, t.headDim));
+// The groups of K and V (their shapes; codebooks not filled in).
+struct Shapes {
+  tq_codec key, value;
+  tq_codec const& of(bool isKey) const { return isKey ? key : value; }
+};
+
+size_t elementCount(ArrayRef const& a, LayerTable const& t, Shapes const& shapes) {
+  if (a.kind == 0) return size_t(codebookEntries(shapes.of(a.isKey)));
   return size_t(t.numKvHeads) * t.headDim;
 }
 
-CalibSide& sideOf(CalibTable& t, bool isKey) { return isKey ? t.key : t.value; }
-CalibSide const& sideOf(CalibTable const& t, bool isKey) { return isKey ? t.key : t.value; }
+LayerTableSide& sideOf(LayerTable& t, bool isKey) { return isKey ? t.key : t.value; }
+LayerTableSide const& sideOf(LayerTable const& t, bool isKey) { return isKey ? t.key : t.value; }
 
 // The array `a` names inside a side, as raw 4-byte elements (float or int32).
-void const* arrayData(CalibSide const& s, int kind) {
+void const* arrayData(LayerTableSide const& s, int kind) {
   switch (kind) {
     case 0: return s.codebooks.data();
     case 1: return s.mean.data();
@@ -67,10 +74,10 @@ void const* arrayData(CalibSide const& s, int kind) {
     default: return s.perm.data();
   }
 }
-void* arrayData(CalibSide& s, int kind) {
-  return const_cast<void*>(arrayData(static_cast<CalibSide const&>(s), kind));
+void* arrayData(LayerTableSide& s, int kind) {
+  return const_cast<void*>(arrayData(static_cast<LayerTableSide const&>(s), kind));
 }
-size_t arraySize(CalibSide const& s, int kind) {
+size_t arraySize(LayerTableSide const& s, int kind) {
   switch (kind) {
     case 0: return s.codebooks.size();
     case 1: return s.mean.size();
@@ -78,7 +85,7 @@ size_t arraySize(CalibSide const& s, int kind) {
     default: return s.perm.size();
   }
 }
-void arrayResize(CalibSide& s, int kind, size_t n) {
+void arrayResize(LayerTableSide& s, int kind, size_t n) {
   switch (kind) {
     case 0: return s.codebooks.resize(n);
     case 1: return s.mean.resize(n);
@@ -101,7 +108,7 @@ bool checkCodebooks(std::vector<float> const& c, tq_codec const& shape, std::str
   return true;
 }
 
-bool checkRows(CalibSide const& s, int32_t headDim, std::string const& what, std::string& error) {
+bool checkRows(LayerTableSide const& s, int32_t headDim, std::string const& what, std::string& error) {
   for (size_t i = 0; i < s.mean.size(); ++i)
     if (!std::isfinite(s.mean[i])) return error = what + " mean has a non-finite entry", false;
   for (size_t i = 0; i < s.scale.size(); ++i)
@@ -122,7 +129,7 @@ bool checkRows(CalibSide const& s, int32_t headDim, std::string const& what, std
 
 // Pairs (a, a + headDim/2) with distinct a in [0, headDim/2) per head, frequencies in (0, pi],
 // finite means.
-bool checkRotary(CalibTable const& t, std::string& error) {
+bool checkRotary(LayerTable const& t, std::string& error) {
   for (int32_t h = 0; h < t.numKvHeads; ++h) {
     std::vector<bool> seen(t.headDim / 2, false);
     for (int32_t i = 0; i < t.rotaryPairs; ++i) {
@@ -142,26 +149,33 @@ bool checkRotary(CalibTable const& t, std::string& error) {
 
 }  // namespace
 
-bool parseCalibTable(void const* data, size_t bytes, CalibTable& table, std::string& error) {
+bool parseLayerTable(void const* data, size_t bytes, LayerTable& table, std::string& error) {
   auto const* p = static_cast<uint8_t const*>(data);
-  if (!p || bytes < kCalibTableHeaderBytes)
-    return error = "is " + std::to_string(bytes) + " bytes, shorter than its " +
-                   std::to_string(kCalibTableHeaderBytes) + "-byte header", false;
+  // Magic and version first: a table of another version says so, whatever its header size.
+  if (!p || bytes < kOffFormatVersion)
+    return error = "is " + std::to_string(bytes) + " bytes, too short for a layer table", false;
   if (std::memcmp(p + kOffMagic, kMagic, 4) != 0)
-    return error = "does not start with the magic 'TQCT' (not a tq_trtllm calibration table)", false;
+    return error = "does not start with the magic 'TQCT' (not a tq_trtllm layer table)", false;
   uint32_t version = load<uint32_t>(p, kOffTableVersion);
-  if (version != kCalibTableVersion)
-    return error = "has table version " + std::to_string(version) + "; this plugin reads version " +
-                   std::to_string(kCalibTableVersion), false;
+  if (version != kLayerTableVersion)
+    return error = "has layer table version " + std::to_string(version) + "; this plugin reads version " +
+                   std::to_string(kLayerTableVersion) + ": rebuild the engine (or ONNX graph) with this tq_trtllm",
+           false;
+  if (bytes < kLayerTableHeaderBytes)
+    return error = "is " + std::to_string(bytes) + " bytes, shorter than its " +
+                   std::to_string(kLayerTableHeaderBytes) + "-byte header", false;
   int32_t formatVersion = int32_t(load<uint32_t>(p, kOffFormatVersion));
   if (!TQ_READS_FORMAT_VERSION(formatVersion))
     return error = "was made for packed cache format version " + std::to_string(formatVersion) +
                    "; this plugin reads versions " + std::to_string(TQ_OLDEST_READABLE_FORMAT_VERSION) +
                    " to " + std::to_string(TQ_FORMAT_VERSION), false;
-  if (load<uint32_t>(p, kOffHeaderBytes) != kCalibTableHeaderBytes)
-    return error = "has a malformed header (header size)", false;
+  if (load<uint32_t>(p, kOffHeaderBytes) != kLayerTableHeaderBytes)
+    return error = "has a malformed header (header size " + std::to_string(load<uint32_t>(p, kOffHeaderBytes)) +
+                   ", not " + std::to_string(kLayerTableHeaderBytes) + ")", false;
+  if (load<uint32_t>(p, kOffReserved) != 0)
+    return error = "has a non-zero reserved header word (a newer writer, or corrupt)", false;
 
-  CalibTable t;
+  LayerTable t;
   t.modelFingerprint = load<uint64_t>(p, kOffFingerprint);
   t.layerIdx = load<int32_t>(p, kOffLayer);
   t.numKvHeads = load<int32_t>(p, kOffKvHeads);
@@ -169,42 +183,51 @@ bool parseCalibTable(void const* data, size_t bytes, CalibTable& table, std::str
   t.headDim = load<int32_t>(p, kOffHeadDim);
   t.keyWidthX2 = load<int32_t>(p, kOffKeyWidth);
   t.valueWidthX2 = load<int32_t>(p, kOffValueWidth);
+  t.rotationSeed = load<uint32_t>(p, kOffSeed);
   uint32_t flags = load<uint32_t>(p, kOffFlags);
+  // What the kernels support.
   if (t.headDim != 64 && t.headDim != 128)
-    return error = "has head_dim " + std::to_string(t.headDim) + "; supported: 64, 128", false;
-  if (t.numKvHeads <= 0 || t.layerIdx < 0 || t.numQHeads <= 0 || t.numQHeads % t.numKvHeads)
-    return error = "has a non-positive KV head count, query heads that are not a multiple of them, or "
-                   "a negative layer index", false;
-  for (int32_t w : {t.keyWidthX2, t.valueWidthX2})
-    if (!isSupportedWidthX2(w))
-      return error = "has width " + std::to_string(w / 2.0) + "; supported: " + supportedWidthsText(), false;
+    return error = "has head_dim " + std::to_string(t.headDim) + "; the kernels support 64 and 128", false;
+  if (t.numKvHeads <= 0) return error = "has " + std::to_string(t.numKvHeads) + " KV heads; it needs at least 1", false;
+  if (t.numQHeads <= 0 || t.numQHeads % t.numKvHeads || t.numQHeads / t.numKvHeads > TQ_MAX_GQA_GROUP)
+    return error = "has " + std::to_string(t.numQHeads) + " query heads; the kernels need 1 to " +
+                   std::to_string(TQ_MAX_GQA_GROUP) + " times its " + std::to_string(t.numKvHeads) + " KV heads",
+           false;
+  if (t.layerIdx < 0) return error = "has layer index " + std::to_string(t.layerIdx) + "; it must not be negative", false;
+  Shapes shapes{};
+  for (bool isKey : {true, false}) {
+    std::string why;
+    tq_codec& shape = isKey ? shapes.key : shapes.value;
+    if (!initCodec(shape, t.headDim, isKey ? t.keyWidthX2 : t.valueWidthX2, t.rotationSeed, nullptr, 0, why))
+      return error = std::string("has a ") + (isKey ? "key" : "value") + " codec the kernels refuse: " + why, false;
+  }
   if (flags & ~kKnownFlags) return error = "sets flag bits this plugin does not know", false;
 
   uint64_t payload = load<uint64_t>(p, kOffPayloadBytes);
   uint64_t expected = 0;
   for (ArrayRef const& a : kArrays)
-    if (!a.flag || (flags & a.flag)) expected += elementCount(a, t) * 4;
+    if (!a.flag || (flags & a.flag)) expected += elementCount(a, t, shapes) * 4;
   if (flags & kPageShift) expected += size_t(t.numQHeads) * 4;
   if (flags & kKeyRotary) {  // its pair count leads its block, after everything above
-    if (bytes < kCalibTableHeaderBytes + expected + 4)
+    if (bytes < kLayerTableHeaderBytes + expected + 4)
       return error = "is too short for the rotary mean its flags announce", false;
-    t.rotaryPairs = load<int32_t>(p, kCalibTableHeaderBytes + expected);
+    t.rotaryPairs = load<int32_t>(p, kLayerTableHeaderBytes + expected);
     if (t.rotaryPairs < 1 || t.rotaryPairs > TQ_MAX_ROTARY_PAIRS)
       return error = "has " + std::to_string(t.rotaryPairs) + " rotary mean pairs; supported: 1 to " +
                      std::to_string(TQ_MAX_ROTARY_PAIRS), false;
     expected += 4 + size_t(t.numKvHeads) * t.rotaryPairs * 16;
   }
-  if (payload != expected || bytes != kCalibTableHeaderBytes + payload)
-    return error = "holds " + std::to_string(bytes - kCalibTableHeaderBytes) +
+  if (payload != expected || bytes != kLayerTableHeaderBytes + payload)
+    return error = "holds " + std::to_string(bytes - kLayerTableHeaderBytes) +
                    " payload bytes where its header and shapes call for " + std::to_string(expected), false;
-  if (fnv1a(p + kCalibTableHeaderBytes, payload) != load<uint32_t>(p, kOffChecksum))
+  if (fnv1a(p + kLayerTableHeaderBytes, payload) != load<uint32_t>(p, kOffChecksum))
     return error = "fails its checksum (corrupt or truncated)", false;
 
-  size_t at = kCalibTableHeaderBytes;
+  size_t at = kLayerTableHeaderBytes;
   for (ArrayRef const& a : kArrays) {
     if (a.flag && !(flags & a.flag)) continue;
-    size_t n = elementCount(a, t);
-    CalibSide& s = sideOf(t, a.isKey);
+    size_t n = elementCount(a, t, shapes);
+    LayerTableSide& s = sideOf(t, a.isKey);
     arrayResize(s, a.kind, n);
     std::memcpy(arrayData(s, a.kind), p + at, n * 4);
     at += n * 4;
@@ -231,11 +254,11 @@ bool parseCalibTable(void const* data, size_t bytes, CalibTable& table, std::str
   for (bool isKey : {true, false}) {
     std::string what = isKey ? "key" : "value";
     int32_t widthX2 = isKey ? t.keyWidthX2 : t.valueWidthX2;
-    CalibSide const& s = sideOf(t, isKey);
+    LayerTableSide const& s = sideOf(t, isKey);
     if (!s.perm.empty() && widthX2 % 2 == 0)
       return error = "has a " + what + " perm, but integer width " + widthText(widthX2) +
                      " has one group and no outlier channels", false;
-    if (!checkCodebooks(s.codebooks, codecShape(widthX2, t.headDim), what + " codebook", error) ||
+    if (!checkCodebooks(s.codebooks, shapes.of(isKey), what + " codebook", error) ||
         !checkRows(s, t.headDim, what, error))
       return false;
   }
@@ -243,7 +266,7 @@ bool parseCalibTable(void const* data, size_t bytes, CalibTable& table, std::str
   return true;
 }
 
-std::vector<uint8_t> serializeCalibTable(CalibTable const& t) {
+std::vector<uint8_t> serializeLayerTable(LayerTable const& t) {
   uint32_t flags = 0;
   size_t payload = 0;
   for (ArrayRef const& a : kArrays) {
@@ -255,11 +278,11 @@ std::vector<uint8_t> serializeCalibTable(CalibTable const& t) {
   payload += t.pageShift.size() * 4;
   if (t.rotaryPairs) flags |= kKeyRotary;
   if (t.rotaryPairs) payload += 4 + t.rotaryChannel.size() * 4 + t.rotaryFreq.size() * 4 + t.rotaryMean.size() * 4;
-  std::vector<uint8_t> out(kCalibTableHeaderBytes + payload, 0);
+  std::vector<uint8_t> out(kLayerTableHeaderBytes + payload, 0);
   std::memcpy(out.data() + kOffMagic, kMagic, 4);
-  store<uint32_t>(out, kOffTableVersion, kCalibTableVersion);
+  store<uint32_t>(out, kOffTableVersion, kLayerTableVersion);
   store<uint32_t>(out, kOffFormatVersion, TQ_FORMAT_VERSION);
-  store<uint32_t>(out, kOffHeaderBytes, kCalibTableHeaderBytes);
+  store<uint32_t>(out, kOffHeaderBytes, kLayerTableHeaderBytes);
   store<uint64_t>(out, kOffFingerprint, t.modelFingerprint);
   store<int32_t>(out, kOffLayer, t.layerIdx);
   store<int32_t>(out, kOffKvHeads, t.numKvHeads);
@@ -267,11 +290,12 @@ std::vector<uint8_t> serializeCalibTable(CalibTable const& t) {
   store<int32_t>(out, kOffHeadDim, t.headDim);
   store<int32_t>(out, kOffKeyWidth, t.keyWidthX2);
   store<int32_t>(out, kOffValueWidth, t.valueWidthX2);
+  store<uint32_t>(out, kOffSeed, t.rotationSeed);
   store<uint32_t>(out, kOffFlags, flags);
   store<uint64_t>(out, kOffPayloadBytes, payload);
-  size_t at = kCalibTableHeaderBytes;
+  size_t at = kLayerTableHeaderBytes;
   for (ArrayRef const& a : kArrays) {
-    CalibSide const& side = sideOf(t, a.isKey);
+    LayerTableSide const& side = sideOf(t, a.isKey);
     size_t n = arraySize(side, a.kind);
     if (n) std::memcpy(out.data() + at, arrayData(side, a.kind), n * 4);
     at += n * 4;
@@ -287,7 +311,7 @@ std::vector<uint8_t> serializeCalibTable(CalibTable const& t) {
     }
     std::memcpy(out.data() + at, t.rotaryMean.data(), t.rotaryMean.size() * 4);
   }
-  store<uint32_t>(out, kOffChecksum, fnv1a(out.data() + kCalibTableHeaderBytes, payload));
+  store<uint32_t>(out, kOffChecksum, fnv1a(out.data() + kLayerTableHeaderBytes, payload));
   return out;
 }
 

@@ -1,6 +1,8 @@
-// calib_table.h: the binary form of one layer's calibration table, as the plugin's
-// "calibration_table" field (PluginFieldType::kUNKNOWN) carries it. Byte layout: docs/PLUGIN.md,
-// section "Calibration table field"; the Python writer is tq_trtllm/trt/calib_table.py.
+// layer_table.h: the layer table, one layer's calibration and identity in binary form, as the
+// plugin's "layer_table" field (PluginFieldType::kUNKNOWN) carries it. It is the only source of the
+// layer's index, heads, head_dim, widths, rotation seed and model fingerprint. Byte layout:
+// docs/PLUGIN.md, section "Layer table field"; the Python writer is
+// tq_trtllm.trt.plugin_fields.layer_table_bytes.
 #pragma once
 
 #include <cstddef>
@@ -10,10 +12,12 @@
 
 namespace tq::plugin {
 
-constexpr uint32_t kCalibTableVersion = 3;  // 2: query heads and the page shift; 3: the rotary mean
-constexpr size_t kCalibTableHeaderBytes = 64;
+// 2: query heads and the page shift; 3: the rotary mean; 4: the rotation seed (the layer's identity
+// and codecs come from the table alone).
+constexpr uint32_t kLayerTableVersion = 4;
+constexpr size_t kLayerTableHeaderBytes = 72;
 
-enum CalibTableFlags : uint32_t {
+enum LayerTableFlags : uint32_t {
   kKeyMean = 1u << 0,
   kKeyScale = 1u << 1,
   kKeyPerm = 1u << 2,
@@ -27,23 +31,24 @@ enum CalibTableFlags : uint32_t {
 constexpr float kMaxPageShift = 4.0f;
 
 // The per-channel arrays of K or V; an empty vector means "absent" (zeros, ones, identity).
-struct CalibSide {
+struct LayerTableSide {
   std::vector<float> codebooks;  // groups' centroids back to back, 2^b_g each, ascending
   std::vector<float> mean;       // [num_kv_heads][head_dim]
   std::vector<float> scale;      // [num_kv_heads][head_dim], > 0
   std::vector<int32_t> perm;     // [num_kv_heads][head_dim], fractional widths only
 };
 
-struct CalibTable {
+struct LayerTable {
   uint64_t modelFingerprint = 0;
-  int32_t layerIdx = 0;
+  int32_t layerIdx = 0;      // the row of host_kv_cache_pool_mapping this layer reads
   int32_t numKvHeads = 0;
-  int32_t numQHeads = 0;
-  int32_t headDim = 0;
-  int32_t keyWidthX2 = 0;    // width * 2
+  int32_t numQHeads = 0;     // 1 to TQ_MAX_GQA_GROUP times numKvHeads
+  int32_t headDim = 0;       // 64 or 128
+  int32_t keyWidthX2 = 0;    // width * 2, so 2.5 and 3.5 stay exact integers
   int32_t valueWidthX2 = 0;
-  CalibSide key;
-  CalibSide value;
+  uint32_t rotationSeed = 0; // FORMAT.md section 4's seed, shared by K and V of the layer
+  LayerTableSide key;
+  LayerTableSide value;
   std::vector<float> pageShift;  // [numQHeads] (tq_paged_cache::page_lse_shift), or empty
   // The keys' rotary mean (tq_codec::rotary_*), or rotaryPairs 0 and empty arrays.
   int32_t rotaryPairs = 0;
@@ -52,9 +57,10 @@ struct CalibTable {
   std::vector<float> rotaryMean;       // [numKvHeads][rotaryPairs][2]
 };
 
-// Parses and checks the table on its own terms (magic, versions, sizes, checksum, values).
-// On failure returns false and sets `error` to a sentence naming what is wrong.
-bool parseCalibTable(void const* data, size_t bytes, CalibTable& table, std::string& error);
-std::vector<uint8_t> serializeCalibTable(CalibTable const& table);
+// Parses and checks the table on its own terms (magic, versions, sizes, checksum) and against what
+// the kernels support (head_dim, heads, widths, values). On failure returns false and sets `error`
+// to a sentence naming what is wrong.
+bool parseLayerTable(void const* data, size_t bytes, LayerTable& table, std::string& error);
+std::vector<uint8_t> serializeLayerTable(LayerTable const& table);
 
 }  // namespace tq::plugin

@@ -1,8 +1,10 @@
 // plugin_config.h: the QuantizedAttention plugin's fields, parsed and checked as one consistent set.
-// Field names, types and rules: docs/PLUGIN.md, section "Fields".
+// The fields are declared once, in tq_trtllm/trt/quantized_attention_fields.json, from which CMake
+// generates quantized_attention_fields.h (plugin_fields.cmake); their rules: docs/PLUGIN.md,
+// section "Fields". The layer's identity and codecs come from the layer table alone.
 #pragma once
 
-#include "calib_table.h"
+#include "layer_table.h"
 #include "tq/tq_rope.h"
 
 #include <NvInferRuntime.h>
@@ -14,20 +16,10 @@
 namespace tq::plugin {
 
 struct PluginConfig {
-  int32_t numQHeads = 0;
-  int32_t numKvHeads = 0;
-  int32_t headDim = 0;
-  int32_t layerIdx = 0;
   int32_t tokensPerBlock = 0;
-  float keyWidth = 0.f;        // as given (e.g. 3.5), serialized back unchanged
-  float valueWidth = 0.f;
-  int32_t keyWidthX2 = 0;      // derived: width * 2
-  int32_t valueWidthX2 = 0;
-  int32_t rotationSeed = 0;    // the uint32 seed of FORMAT.md section 4, bit for bit
-  int64_t modelFingerprint = 0;
   tq_rope_params rope{};
-  std::vector<uint8_t> tableBytes;  // the calibration_table field, kept for serialization
-  CalibTable table;                 // and parsed
+  std::vector<uint8_t> tableBytes;  // the layer_table field, kept for serialization
+  LayerTable table;                 // and parsed: layer, heads, head_dim, widths, seed, fingerprint, arrays
 };
 
 // Parses `fc` and checks every field and their consistency. On failure returns false and sets

@@ -11,16 +11,24 @@ namespace tq::plugin {
 using nvinfer1::DataType;
 using nvinfer1::TensorFormat;
 
+namespace {
+// Packed bytes per token of one side; the parsed table's widths are ones the library accepts.
+int64_t sideBytesPerToken(LayerTable const& t, int32_t widthX2) {
+  tq_codec codec;
+  std::string error;
+  return initCodec(codec, t.headDim, widthX2, t.rotationSeed, nullptr, 0, error) ? bytesPerToken(codec) : 0;
+}
+}  // namespace
+
 int64_t poolHeadSizeBytes(PluginConfig const& c) {
-  return std::max(bytesPerToken(codecShape(c.keyWidthX2, c.headDim)),
-                  bytesPerToken(codecShape(c.valueWidthX2, c.headDim)));
+  return std::max(sideBytesPerToken(c.table, c.table.keyWidthX2), sideBytesPerToken(c.table, c.table.valueWidthX2));
 }
 
 int64_t poolChunkBytes(PluginConfig const& c) {
-  return int64_t(c.numKvHeads) * c.tokensPerBlock * poolHeadSizeBytes(c);
+  return int64_t(c.table.numKvHeads) * c.tokensPerBlock * poolHeadSizeBytes(c);
 }
 
-int64_t qkvWidth(PluginConfig const& c) { return int64_t(c.numQHeads + 2 * c.numKvHeads) * c.headDim; }
+int64_t qkvWidth(PluginConfig const& c) { return int64_t(c.table.numQHeads + 2 * c.table.numKvHeads) * c.table.headDim; }
 
 bool isActivationType(DataType type) { return type == DataType::kHALF || type == DataType::kBF16; }
 
@@ -52,7 +60,7 @@ bool checkInputShapes(PluginConfig const& c, nvinfer1::Dims const* dims, int32_t
   // Extents that are fixed by the fields; -1 (dynamic, at build time) passes.
   struct Fixed { int32_t input, axis; int64_t value; char const* meaning; };
   Fixed const fixed[] = {
-      {kQkv, 1, qkvWidth(c), "(num_q_heads + 2 * num_kv_heads) * head_dim"},
+      {kQkv, 1, qkvWidth(c), "(query heads + 2 * KV heads) * head_dim of the layer table"},
       {kBlockOffsets, 2, 1, "beam width 1"},
       {kBlockOffsets, 3, 2, "K and V"},
       {kHostPoolPointers, 1, 2, "primary and secondary pool"},
@@ -67,9 +75,9 @@ bool checkInputShapes(PluginConfig const& c, nvinfer1::Dims const* dims, int32_t
     }
   }
   int64_t layers = dims[kHostPoolMapping].d[0];
-  if (layers != -1 && layers <= c.layerIdx) {
+  if (layers != -1 && layers <= c.table.layerIdx) {
     error = std::string("input '") + inputName(kHostPoolMapping) + "' maps " + std::to_string(layers) +
-            " layers, but layer_idx is " + std::to_string(c.layerIdx);
+            " layers, but the layer table's layer index is " + std::to_string(c.table.layerIdx);
     return false;
   }
   return true;
@@ -85,7 +93,7 @@ size_t alignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 size_t attentionBytes(PluginConfig const& c, int64_t batch, int64_t qLen, int32_t kvLen) {
   tq_attention_plan_info plan{};
   if (tq_attention_plan(int32_t(std::min<int64_t>(batch, INT32_MAX)), int32_t(std::min<int64_t>(qLen, INT32_MAX)),
-                        c.numQHeads, c.numKvHeads, c.headDim, kvLen, 0, &plan) != TQ_OK)
+                        c.table.numQHeads, c.table.numKvHeads, c.table.headDim, kvLen, 0, &plan) != TQ_OK)
     return 0;
   return plan.workspace_bytes;
 }
@@ -97,8 +105,8 @@ WorkspaceLayout workspaceLayout(PluginConfig const& c, int64_t numTokens, int64_
   size_t const tokens = size_t(std::max<int64_t>(numTokens, 0));
   w.metadata = 0;
   w.q = alignUp(w.metadata + sizeof(int32_t) * (2 * tokens + size_t(std::max<int64_t>(batch, 0))));
-  w.kv = alignUp(w.q + tokens * c.numQHeads * c.headDim * activationBytes);
-  w.attention = alignUp(w.kv + tokens * 2 * c.numKvHeads * c.headDim * activationBytes);
+  w.kv = alignUp(w.q + tokens * c.table.numQHeads * c.table.headDim * activationBytes);
+  w.attention = alignUp(w.kv + tokens * 2 * c.table.numKvHeads * c.table.headDim * activationBytes);
   // One context request at a time (batch 1, its whole chunk) or all generation requests at once
   // (q_len 1): the calls run one after another on the stream and share this region.
   int32_t const kvLen = int32_t(std::min<int64_t>(maxKvLen, INT32_MAX));

@@ -86,7 +86,7 @@ int32_t QuantizedAttentionPlugin::getOutputShapes(DimsExprs const* inputs, int32
   }
   outputs[kOutput].nbDims = 2;
   outputs[kOutput].d[0] = inputs[kQkv].d[0];
-  outputs[kOutput].d[1] = exprBuilder.constant(int64_t(mConfig.numQHeads) * mConfig.headDim);
+  outputs[kOutput].d[1] = exprBuilder.constant(int64_t(mConfig.table.numQHeads) * mConfig.table.headDim);
   return 0;
 }
 

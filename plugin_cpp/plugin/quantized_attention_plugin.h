@@ -1,10 +1,12 @@
-// quantized_attention_plugin.h: the TensorRT IPluginV3 "QuantizedAttention" (namespace "tq",
-// version "1"): attention over the packed 2-4 bit KV cache of docs/FORMAT.md, with the inputs of
-// TensorRT-LLM 1.2's GPTAttention in paged mode (docs/PLUGIN.md).
+// quantized_attention_plugin.h: the TensorRT IPluginV3 "QuantizedAttention" (namespace "tq"; name,
+// namespace and version generated from tq_trtllm/trt/quantized_attention_fields.json): attention
+// over the packed 2-5 bit KV cache of docs/FORMAT.md, with the inputs of TensorRT-LLM 1.2's
+// GPTAttention in paged mode (docs/PLUGIN.md).
 #pragma once
 
 #include "device_tables.h"
 #include "plugin_config.h"
+#include "quantized_attention_fields.h"
 
 #include <NvInferRuntime.h>
 
@@ -12,10 +14,6 @@
 #include <vector>
 
 namespace tq::plugin {
-
-constexpr char kPluginName[] = "QuantizedAttention";
-constexpr char kPluginNamespace[] = "tq";
-constexpr char kPluginVersion[] = "1";
 
 class QuantizedAttentionPlugin : public nvinfer1::IPluginV3,
                                  public nvinfer1::IPluginV3OneCore,

@@ -7,7 +7,9 @@
 // Usage: tq_plugin_harness PLUGIN_LIBRARY CASE_DIR OUT_DIR
 // CASE_DIR (written by tests/gpu/test_plugin_harness.py):
 //   fields.bin        the fields: per field name\0, int32 type, int32 length, then its bytes
-//   case.txt          "dtype fp16|bf16", "pool NUM_BLOCKS LAYERS_IN_POOL LAYER_IN_POOL NUM_LAYERS",
+//   case.txt          "dtype fp16|bf16", "heads NUM_Q_HEADS NUM_KV_HEADS HEAD_DIM LAYER_IDX" (the layer
+//                     table's, for the shapes and the mapping row; the plugin reads them from the table),
+//                     "pool NUM_BLOCKS LAYERS_IN_POOL LAYER_IN_POOL NUM_LAYERS",
 //                     "chunk_bytes N", "max_blocks N", "steps N", optionally "mapping_pool P" (the
 //                     layer's pool index in the mapping; default 0, the one pool there is)
 //   stepK_meta.bin    int32 [batch, num_tokens, request_types[batch], past_kv_lengths[batch],
@@ -116,6 +118,7 @@ void copyFields(PluginFieldCollection const* from, OwnedFields& out) {
 struct CaseConfig {
   DataType dtype = DataType::kHALF;
   int64_t numBlocks = 0, layersInPool = 0, layerInPool = 0, numLayers = 0, maxBlocks = 0, chunkBytes = 0;
+  int64_t numQHeads = 0, numKvHeads = 0, headDim = 0, layerIdx = 0;
   int32_t mappingPool = 0;  // the pool index the mapping gives the layer (1 or more: a pool that does not exist)
   int32_t steps = 0;
 };
@@ -129,6 +132,8 @@ CaseConfig readCase(std::string const& path) {
       std::string d;
       in >> d;
       c.dtype = d == "bf16" ? DataType::kBF16 : DataType::kHALF;
+    } else if (key == "heads") {
+      in >> c.numQHeads >> c.numKvHeads >> c.headDim >> c.layerIdx;
     } else if (key == "pool") {
       in >> c.numBlocks >> c.layersInPool >> c.layerInPool >> c.numLayers;
     } else if (key == "max_blocks") {
@@ -152,12 +157,6 @@ Dims makeDims(std::initializer_list<int64_t> values) {
   int32_t i = 0;
   for (int64_t v : values) d.d[i++] = v;
   return d;
-}
-
-int64_t fieldInt(PluginFieldCollection const* fc, char const* name) {
-  for (int32_t i = 0; i < fc->nbFields; ++i)
-    if (std::strcmp(fc->fields[i].name, name) == 0) return *static_cast<int32_t const*>(fc->fields[i].data);
-  die(std::string("no field ") + name);
 }
 
 }  // namespace
@@ -207,8 +206,8 @@ int main(int argc, char** argv) {
   report << "fields " << storedFc->nbFields << " serialized and restored\n";
 
   CaseConfig const cfg = readCase(caseDir + "/case.txt");
-  int64_t const hq = fieldInt(storedFc, "num_q_heads"), hkv = fieldInt(storedFc, "num_kv_heads"),
-                d = fieldInt(storedFc, "head_dim"), layer = fieldInt(storedFc, "layer_idx");
+  if (cfg.headDim <= 0) die("case.txt: no heads line");
+  int64_t const hq = cfg.numQHeads, hkv = cfg.numKvHeads, d = cfg.headDim, layer = cfg.layerIdx;
   int64_t const qkvWidth = (hq + 2 * hkv) * d, outWidth = hq * d;
 
   // Per-step metadata first, to size the workspace for the largest step as a build profile would.

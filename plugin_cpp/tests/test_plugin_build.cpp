@@ -1,11 +1,13 @@
 // test_plugin_build.cpp: the plugin's build-time behaviour and field handling, on the CPU, with no
 // libnvinfer and no GPU (the kernel library is replaced by fake_tq_kernels.cpp).
 // Covers: creation from fields (canonical and ONNX-importable forms) and the serialize -> recreate
-// round trip, refusal of every kind of bad field with a message naming it, the calibration table
-// format and its version checks, messages through the logger TensorRT's ILoggerFinder gives, output
-// types and shapes, supported formats, workspace size, pool arithmetic and the batch plan.
+// round trip, refusal of every kind of bad field with a message naming it, the layer table format,
+// its version checks and every refusal of its contents, messages through the logger TensorRT's
+// ILoggerFinder gives, output types and shapes, supported formats, workspace size, pool arithmetic
+// and the batch plan. `--fields` prints the creator's identity and fields (tests/test_plugin_unit.py
+// compares them with quantized_attention_fields.json); `--table FILE` prints a table's contents.
 #include "batch_plan.h"
-#include "calib_table.h"
+#include "layer_table.h"
 #include "io_layout.h"
 #include "plugin_creator.h"
 #include "plugin_log.h"
@@ -46,23 +48,24 @@ class CapturingLogger : public ILogger {
 CapturingLogger gLogger;
 
 constexpr int32_t kHq = 8, kHkv = 2, kD = 128, kLayer = 3, kT = 64;
-constexpr int64_t kFingerprint = 0x1234567890abcdefLL;
+constexpr uint64_t kFingerprint = 0x1234567890abcdefULL;
+constexpr uint32_t kSeed = 0x9E3779B9u;
 
-CalibTable makeTable(int32_t keyX2 = 6, int32_t valueX2 = 7) {
-  CalibTable t;
-  t.modelFingerprint = uint64_t(kFingerprint);
+LayerTable makeTable(int32_t keyX2 = 6, int32_t valueX2 = 7) {
+  LayerTable t;
+  t.modelFingerprint = kFingerprint;
   t.layerIdx = kLayer;
   t.numKvHeads = kHkv;
   t.numQHeads = kHq;
   t.headDim = kD;
   t.keyWidthX2 = keyX2;
   t.valueWidthX2 = valueX2;
+  t.rotationSeed = kSeed;
   auto codebooks = [](int32_t x2) {
     std::vector<float> c;
-    tq_codec shape{};
-    shape.num_groups = x2 % 2 ? 2 : 1;
+    int32_t groups = x2 % 2 ? 2 : 1;
     int32_t bits[2] = {x2 % 2 ? x2 / 2 + 1 : x2 / 2, x2 / 2};
-    for (int32_t g = 0; g < shape.num_groups; ++g)
+    for (int32_t g = 0; g < groups; ++g)
       for (int32_t k = 0; k < (1 << bits[g]); ++k) c.push_back(-1.f + 2.f * (k + 0.5f) / (1 << bits[g]));
     return c;
   };
@@ -79,32 +82,22 @@ CalibTable makeTable(int32_t keyX2 = 6, int32_t valueX2 = 7) {
 
 // A complete, valid field set; `tweak` edits it before the collection is made.
 struct FieldSet {
-  int32_t ints[7] = {kHq, kHkv, kD, kLayer, kT, int32_t(0x9E3779B9u), 2};
-  float keyWidth = 3.f, valueWidth = 3.5f, ropeBase = 500000.f, factor = 8.f, low = 1.f, high = 4.f;
-  int32_t origMax = 8192;
-  int64_t fingerprint = kFingerprint;
-  std::vector<uint8_t> table = serializeCalibTable(makeTable());
+  int32_t tokensPerBlock = kT, scaling = 2, origMax = 8192;
+  float ropeBase = 500000.f, factor = 8.f, low = 1.f, high = 4.f;
+  std::vector<uint8_t> table = serializeLayerTable(makeTable());
   std::vector<PluginField> fields;
   PluginFieldCollection fc{};
 
   FieldSet() {
     fields = {
-        {"num_q_heads", &ints[0], PluginFieldType::kINT32, 1},
-        {"num_kv_heads", &ints[1], PluginFieldType::kINT32, 1},
-        {"head_dim", &ints[2], PluginFieldType::kINT32, 1},
-        {"layer_idx", &ints[3], PluginFieldType::kINT32, 1},
-        {"tokens_per_block", &ints[4], PluginFieldType::kINT32, 1},
-        {"rotation_seed", &ints[5], PluginFieldType::kINT32, 1},
-        {"key_width", &keyWidth, PluginFieldType::kFLOAT32, 1},
-        {"value_width", &valueWidth, PluginFieldType::kFLOAT32, 1},
-        {"model_fingerprint", &fingerprint, PluginFieldType::kINT64, 1},
+        {"tokens_per_block", &tokensPerBlock, PluginFieldType::kINT32, 1},
         {"rope_base", &ropeBase, PluginFieldType::kFLOAT32, 1},
-        {"rope_scaling_type", &ints[6], PluginFieldType::kINT32, 1},
+        {"rope_scaling_type", &scaling, PluginFieldType::kINT32, 1},
         {"rope_scaling_factor", &factor, PluginFieldType::kFLOAT32, 1},
         {"rope_low_freq_factor", &low, PluginFieldType::kFLOAT32, 1},
         {"rope_high_freq_factor", &high, PluginFieldType::kFLOAT32, 1},
         {"rope_original_max_positions", &origMax, PluginFieldType::kINT32, 1},
-        {"calibration_table", nullptr, PluginFieldType::kUNKNOWN, 0},
+        {"layer_table", nullptr, PluginFieldType::kUNKNOWN, 0},
     };
   }
   PluginField* field(char const* name) {
@@ -116,8 +109,9 @@ struct FieldSet {
     for (size_t i = 0; i < fields.size(); ++i)
       if (std::strcmp(fields[i].name, name) == 0) fields.erase(fields.begin() + i);
   }
+  void setTable(LayerTable const& t) { table = serializeLayerTable(t); }
   PluginFieldCollection const* collection() {
-    if (PluginField* t = field("calibration_table")) {
+    if (PluginField* t = field("layer_table")) {
       t->data = table.data();
       t->length = int32_t(table.size());
     }
@@ -126,19 +120,6 @@ struct FieldSet {
     return &fc;
   }
 };
-
-// The fields an ONNX node's attributes carry (the parser's plugin fallback): the fingerprint as two
-// int32 values or hexadecimal text, the table as kINT8.
-void useFingerprintHalves(FieldSet& fs, int32_t (&halves)[2]) {
-  uint64_t v = uint64_t(fs.fingerprint);
-  halves[0] = int32_t(uint32_t(v));
-  halves[1] = int32_t(uint32_t(v >> 32));
-  *fs.field("model_fingerprint") = {"model_fingerprint", halves, PluginFieldType::kINT32, 2};
-}
-void useFingerprintText(FieldSet& fs, std::string const& text, bool withNul) {
-  *fs.field("model_fingerprint") = {"model_fingerprint", text.c_str(), PluginFieldType::kCHAR,
-                                    int32_t(text.size() + (withNul ? 1 : 0))};
-}
 
 IPluginCreatorV3One& creator() {
   int32_t n = 0;
@@ -156,8 +137,12 @@ void testCreatorIdentity() {
   IPluginCreatorV3One& c = creator();
   CHECK(std::string(c.getPluginName()) == "QuantizedAttention");
   CHECK(std::string(c.getPluginNamespace()) == "tq");
-  CHECK(std::string(c.getPluginVersion()) == "1");
-  CHECK(c.getFieldNames()->nbFields == 16);
+  // The version and the fields are quantized_attention_fields.json's (checked against it by
+  // tests/test_plugin_unit.py through --fields); the plugin reports what its creator does.
+  FieldSet fs;
+  auto plugin = create(fs.collection(), TensorRTPhase::kBUILD);
+  CHECK(plugin && std::string(plugin->getPluginVersion()) == c.getPluginVersion());
+  CHECK(c.getFieldNames()->nbFields == int32_t(fs.fields.size()));
 }
 
 void testCreateSerializeRecreate() {
@@ -167,14 +152,18 @@ void testCreateSerializeRecreate() {
   if (!built) return;
   CHECK(built->getCapabilityInterface(PluginCapabilityType::kCORE) != nullptr);
   PluginFieldCollection const* saved = built->getFieldsToSerialize();
-  CHECK(saved->nbFields == 16);
+  PluginFieldCollection const* declared = creator().getFieldNames();
+  CHECK(saved->nbFields == declared->nbFields);
+  for (int32_t i = 0; i < saved->nbFields && i < declared->nbFields; ++i)  // the declaration's order and types
+    CHECK(std::strcmp(saved->fields[i].name, declared->fields[i].name) == 0 &&
+          saved->fields[i].type == declared->fields[i].type);
   // Recreate in the runtime phase from a deep copy of the serialized fields, as an engine would.
   std::vector<std::vector<uint8_t>> storage;
   std::vector<std::string> names;
   std::vector<PluginField> copy;
   for (int32_t i = 0; i < saved->nbFields; ++i) {
     PluginField const& f = saved->fields[i];
-    size_t bytes = f.type == PluginFieldType::kUNKNOWN ? f.length : f.type == PluginFieldType::kINT64 ? 8 : 4;
+    size_t bytes = f.type == PluginFieldType::kUNKNOWN ? f.length : 4;
     auto const* p = static_cast<uint8_t const*>(f.data);
     storage.emplace_back(p, p + bytes);
     names.emplace_back(f.name);
@@ -187,12 +176,14 @@ void testCreateSerializeRecreate() {
   if (!restored) return;
   PluginConfig const& a = built->config();
   PluginConfig const& b = restored->config();
-  CHECK(a.numQHeads == b.numQHeads && a.numKvHeads == b.numKvHeads && a.headDim == b.headDim);
-  CHECK(a.layerIdx == b.layerIdx && a.tokensPerBlock == b.tokensPerBlock);
-  CHECK(a.keyWidthX2 == 6 && b.keyWidthX2 == 6 && a.valueWidthX2 == 7 && b.valueWidthX2 == 7);
-  CHECK(uint32_t(b.rotationSeed) == 0x9E3779B9u && b.modelFingerprint == kFingerprint);
+  CHECK(a.tokensPerBlock == kT && b.tokensPerBlock == kT && a.tableBytes == b.tableBytes);
+  // The layer's identity and codecs, from the table alone.
+  for (LayerTable const* t : {&a.table, &b.table}) {
+    CHECK(t->numQHeads == kHq && t->numKvHeads == kHkv && t->headDim == kD && t->layerIdx == kLayer);
+    CHECK(t->keyWidthX2 == 6 && t->valueWidthX2 == 7);
+    CHECK(t->rotationSeed == kSeed && t->modelFingerprint == kFingerprint);
+  }
   CHECK(b.rope.scaling == TQ_ROPE_SCALING_LLAMA3 && b.rope.factor == 8.f && b.rope.original_max_positions == 8192);
-  CHECK(a.tableBytes == b.tableBytes);
   CHECK(b.table.value.perm.size() == size_t(kHkv * kD) && b.table.key.mean.size() == size_t(kHkv * kD));
   // clone carries the same fields
   std::unique_ptr<IPluginV3> cloned(restored->clone());
@@ -200,8 +191,8 @@ void testCreateSerializeRecreate() {
   CHECK(c && c->config().tableBytes == a.tableBytes);
 }
 
-void testCalibTableRoundTrip() {
-  CalibTable t = makeTable(7, 4);
+void testLayerTableRoundTrip() {
+  LayerTable t = makeTable(7, 4);
   t.key.perm.clear();
   for (int32_t h = 0; h < kHkv; ++h)
     for (int32_t j = 0; j < kD; ++j) t.key.perm.push_back(kD - 1 - j);
@@ -214,28 +205,30 @@ void testCalibTableRoundTrip() {
       t.rotaryMean.push_back(float(h - i));
       t.rotaryMean.push_back(0.25f * i);
     }
-  std::vector<uint8_t> bytes = serializeCalibTable(t);
-  CalibTable back;
+  std::vector<uint8_t> bytes = serializeLayerTable(t);
+  CHECK(bytes.size() > kLayerTableHeaderBytes);
+  LayerTable back;
   std::string error;
-  CHECK(parseCalibTable(bytes.data(), bytes.size(), back, error));
+  CHECK(parseLayerTable(bytes.data(), bytes.size(), back, error));
+  CHECK(back.rotationSeed == kSeed && back.modelFingerprint == kFingerprint && back.layerIdx == kLayer);
   CHECK(back.key.perm == t.key.perm && back.key.mean == t.key.mean && back.key.scale == t.key.scale);
   CHECK(back.key.codebooks == t.key.codebooks && back.value.codebooks == t.value.codebooks);
   CHECK(back.value.perm.empty() && back.value.mean.empty());
   CHECK(back.numQHeads == kHq && back.pageShift == t.pageShift);
   CHECK(back.rotaryPairs == 3 && back.rotaryChannel == t.rotaryChannel && back.rotaryFreq == t.rotaryFreq &&
         back.rotaryMean == t.rotaryMean);
-  CHECK(serializeCalibTable(back) == bytes);
-  CalibTable bad = t;  // a channel named twice, a frequency beyond pi: refused with a reason
+  CHECK(serializeLayerTable(back) == bytes);
+  LayerTable bad = t;  // a channel named twice, a frequency beyond pi: refused with a reason
   bad.rotaryChannel[1] = bad.rotaryChannel[0];
-  bytes = serializeCalibTable(bad);
-  CHECK(!parseCalibTable(bytes.data(), bytes.size(), back, error) && error.find("rotary") != std::string::npos);
+  bytes = serializeLayerTable(bad);
+  CHECK(!parseLayerTable(bytes.data(), bytes.size(), back, error) && error.find("rotary") != std::string::npos);
   bad = t;
   bad.rotaryFreq[2] = 4.f;
-  bytes = serializeCalibTable(bad);
-  CHECK(!parseCalibTable(bytes.data(), bytes.size(), back, error) && error.find("rotary") != std::string::npos);
+  bytes = serializeLayerTable(bad);
+  CHECK(!parseLayerTable(bytes.data(), bytes.size(), back, error) && error.find("rotary") != std::string::npos);
   t.pageShift.clear();  // absent: no flag, no bytes
-  bytes = serializeCalibTable(t);
-  CHECK(parseCalibTable(bytes.data(), bytes.size(), back, error) && back.pageShift.empty());
+  bytes = serializeLayerTable(t);
+  CHECK(parseLayerTable(bytes.data(), bytes.size(), back, error) && back.pageShift.empty());
 }
 
 // Creation must fail and the message `logger` got must contain `expected` (the field's name, and more).
@@ -255,128 +248,115 @@ void expectRefusedTo(CapturingLogger& logger, char const* what, std::function<vo
 void expectRefused(char const* what, std::function<void(FieldSet&)> tweak, std::string const& expected) {
   expectRefusedTo(gLogger, what, std::move(tweak), expected);
 }
+// A table made by `edit` of a valid one must be refused with `expected` after "field 'layer_table' ".
+void expectTableRefused(char const* what, std::function<void(LayerTable&)> edit, std::string const& expected) {
+  expectRefused(what, [&](FieldSet& f) {
+    LayerTable t = makeTable();
+    edit(t);
+    f.setTable(t);
+  }, "field 'layer_table' " + expected);
+}
+// The same for a valid table's bytes with a 4-byte word at `offset` replaced (checksum left as it was).
+void expectPatchedTableRefused(char const* what, size_t offset, uint32_t value, std::string const& expected) {
+  expectRefused(what, [&](FieldSet& f) { std::memcpy(f.table.data() + offset, &value, 4); },
+                "field 'layer_table' " + expected);
+}
 
 void testFieldValidation() {
-  expectRefused("missing field", [](FieldSet& f) { f.remove("head_dim"); }, "'head_dim' is missing");
-  expectRefused("missing table", [](FieldSet& f) { f.remove("calibration_table"); }, "'calibration_table' is missing");
-  expectRefused("head_dim 96", [](FieldSet& f) { f.ints[2] = 96; }, "'head_dim'");
-  expectRefused("GQA", [](FieldSet& f) { f.ints[0] = 7; }, "'num_q_heads'");
-  expectRefused("GQA group > 8", [](FieldSet& f) { f.ints[0] = 18; }, "'num_q_heads'");
-  expectRefused("tokens_per_block", [](FieldSet& f) { f.ints[4] = 24; }, "'tokens_per_block'");
-  expectRefused("negative layer", [](FieldSet& f) { f.ints[3] = -1; }, "'layer_idx'");
-  expectRefused("width 5.5", [](FieldSet& f) { f.keyWidth = 5.5f; }, "'key_width'");
-  expectRefused("width 2.25", [](FieldSet& f) { f.valueWidth = 2.25f; }, "'value_width'");
-  expectRefused("wrong type", [](FieldSet& f) { f.field("head_dim")->type = PluginFieldType::kFLOAT32; },
-                "'head_dim' must have type kINT32");
-  expectRefused("two values", [](FieldSet& f) { f.field("layer_idx")->length = 2; }, "'layer_idx'");
+  int32_t const fortyTwo = 42;
+  expectRefused("missing field", [](FieldSet& f) { f.remove("tokens_per_block"); }, "'tokens_per_block' is missing");
+  expectRefused("missing table", [](FieldSet& f) { f.remove("layer_table"); }, "'layer_table' is missing");
+  expectRefused("tokens_per_block", [](FieldSet& f) { f.tokensPerBlock = 24; }, "'tokens_per_block' is 24");
+  expectRefused("wrong type", [](FieldSet& f) { f.field("tokens_per_block")->type = PluginFieldType::kFLOAT32; },
+                "'tokens_per_block' must have type kINT32");
+  expectRefused("two values", [](FieldSet& f) { f.field("tokens_per_block")->length = 2; }, "'tokens_per_block'");
   expectRefused("null data", [](FieldSet& f) { f.field("rope_base")->data = nullptr; }, "'rope_base'");
-  expectRefused("unknown field", [](FieldSet& f) { f.field("rope_base")->name = "rope_theta"; }, "'rope_theta'");
-  expectRefused("duplicate", [](FieldSet& f) { f.fields.push_back(*f.field("head_dim")); }, "'head_dim' is given twice");
+  expectRefused("unknown field", [](FieldSet& f) { f.field("rope_base")->name = "rope_theta"; },
+                "field 'rope_theta' is not a field of QuantizedAttention");
+  expectRefused("duplicate", [](FieldSet& f) { f.fields.push_back(*f.field("rope_base")); }, "'rope_base' is given twice");
   expectRefused("llama3 without factors", [](FieldSet& f) { f.remove("rope_low_freq_factor"); },
                 "'rope_low_freq_factor' is missing");
   expectRefused("bad rope base", [](FieldSet& f) { f.ropeBase = -1.f; }, "'rope_base'");
-  expectRefused("table of another layer", [](FieldSet& f) { f.ints[3] = 4; }, "was made for layer 3");
-  expectRefused("table of another model", [](FieldSet& f) { f.fingerprint = 7; }, "model fingerprint");
-  expectRefused("table with other widths", [](FieldSet& f) { f.keyWidth = 4.f; }, "key width 3");
-  expectRefused("table with other heads", [](FieldSet& f) { f.ints[1] = 4; f.ints[0] = 8; }, "KV heads 2");
-  expectRefused("table with other query heads", [](FieldSet& f) { f.ints[0] = 4; }, "query heads 8");
-  expectRefused("page shift out of range", [](FieldSet& f) {
-    CalibTable t = makeTable();
-    t.pageShift.assign(kHq, 0.2f);
-    t.pageShift[2] = 9.f;
-    f.table = serializeCalibTable(t);
-  }, "page shift");
-  expectRefused("corrupt table", [](FieldSet& f) { f.table[100] ^= 0x40; }, "checksum");
-  expectRefused("truncated table", [](FieldSet& f) { f.table.resize(f.table.size() - 4); }, "payload bytes");
-  expectRefused("not a table", [](FieldSet& f) { f.table.assign(80, 0); }, "'TQCT'");
-  expectRefused("perm on integer width", [](FieldSet& f) {
-    CalibTable t = makeTable(6, 6);
-    t.key.perm.assign(kHkv * kD, 0);
-    for (int32_t i = 0; i < kHkv * kD; ++i) t.key.perm[i] = i % kD;
-    f.valueWidth = 3.f;
-    f.table = serializeCalibTable(t);
-  }, "integer width 3");
-  expectRefused("not a permutation", [](FieldSet& f) {
-    CalibTable t = makeTable();
-    t.value.perm[5] = t.value.perm[6];
-    f.table = serializeCalibTable(t);
-  }, "not a permutation");
-  expectRefused("descending codebook", [](FieldSet& f) {
-    CalibTable t = makeTable();
-    t.key.codebooks[1] = -5.f;
-    f.table = serializeCalibTable(t);
-  }, "key codebook");
-  expectRefused("non-positive scale", [](FieldSet& f) {
-    CalibTable t = makeTable();
-    t.key.scale[3] = 0.f;
-    f.table = serializeCalibTable(t);
-  }, "key scale");
+  expectRefused("table as int32", [](FieldSet& f) { f.field("layer_table")->type = PluginFieldType::kINT32; },
+                "'layer_table' must have type kUNKNOWN or kINT8");
+  // The fields of version 1 whose values the layer table now carries: named, with what to do.
+  for (char const* moved : {"num_q_heads", "num_kv_heads", "head_dim", "layer_idx", "key_width", "value_width",
+                            "rotation_seed", "model_fingerprint"}) {
+    expectRefused(moved, [&](FieldSet& f) { f.fields.push_back({moved, &fortyTwo, PluginFieldType::kINT32, 1}); },
+                  std::string("field '") + moved + "' is not a field of QuantizedAttention version " +
+                      creator().getPluginVersion() +
+                      ": its value comes from the layer table (field 'layer_table'); rebuild the ONNX graph or "
+                      "engine with this tq_trtllm");
+  }
   gLogger.last.clear();
   CHECK(creator().createPlugin("x", nullptr, TensorRTPhase::kBUILD) == nullptr);
   CHECK(gLogger.last.find("PluginFieldCollection") != std::string::npos);
 }
 
-// The ONNX-importable forms create the same plugin, and it serializes the canonical forms.
-void testOnnxFieldForms() {
-  for (int form = 0; form < 4; ++form) {
-    FieldSet fs;
-    int32_t halves[2];
-    std::string text = form == 1 ? "0x1234567890abcdef" : "1234567890ABCDEF";
-    if (form == 0) useFingerprintHalves(fs, halves);
-    if (form == 1 || form == 2) useFingerprintText(fs, text, form == 1);
-    PluginFieldCollection const* fc = fs.collection();
-    fs.field("calibration_table")->type = form == 3 ? PluginFieldType::kINT8 : PluginFieldType::kUNKNOWN;
-    gLogger.last.clear();
-    auto plugin = create(fc, TensorRTPhase::kBUILD);
-    if (!plugin) {
-      std::printf("FAIL ONNX field form %d refused: %s\n", form, gLogger.last.c_str());
-      ++gFailures;
-      continue;
-    }
-    CHECK(plugin->config().modelFingerprint == kFingerprint && plugin->config().tableBytes == fs.table);
-    PluginFieldCollection const* saved = plugin->getFieldsToSerialize();
-    for (int32_t i = 0; i < saved->nbFields; ++i) {
-      PluginField const& f = saved->fields[i];
-      if (std::strcmp(f.name, "model_fingerprint") == 0)
-        CHECK(f.type == PluginFieldType::kINT64 && f.length == 1 && *static_cast<int64_t const*>(f.data) == kFingerprint);
-      if (std::strcmp(f.name, "calibration_table") == 0)
-        CHECK(f.type == PluginFieldType::kUNKNOWN && f.length == int32_t(fs.table.size()));
-    }
-  }
+// Every refusal of the table's contents, with its message after "field 'layer_table' ".
+void testTableRefusals() {
+  // What the kernels support: head_dim, heads, widths (the header is the only source of these).
+  expectTableRefused("head_dim 96", [](LayerTable& t) { t.headDim = 96; }, "has head_dim 96; the kernels support 64 and 128");
+  expectTableRefused("no KV heads", [](LayerTable& t) { t.numKvHeads = 0; }, "has 0 KV heads; it needs at least 1");
+  expectTableRefused("query heads not a multiple", [](LayerTable& t) { t.numQHeads = 7; },
+                     "has 7 query heads; the kernels need 1 to " + std::to_string(TQ_MAX_GQA_GROUP) + " times its 2 KV heads");
+  expectTableRefused("GQA group too big", [](LayerTable& t) { t.numQHeads = 2 * (TQ_MAX_GQA_GROUP + 1); },
+                     "has " + std::to_string(2 * (TQ_MAX_GQA_GROUP + 1)) + " query heads; the kernels need 1 to");
+  expectTableRefused("negative layer", [](LayerTable& t) { t.layerIdx = -1; }, "has layer index -1; it must not be negative");
+  expectTableRefused("key width 5.5", [](LayerTable& t) { t.keyWidthX2 = 11; }, "has a key codec the kernels refuse: ");
+  expectTableRefused("value width 0.5", [](LayerTable& t) { t.valueWidthX2 = 1; }, "has a value codec the kernels refuse: ");
+  // The header's own rules (offsets: docs/PLUGIN.md, section "Layer table field").
+  expectPatchedTableRefused("reserved word", 68, 1, "has a non-zero reserved header word");
+  expectPatchedTableRefused("header size", 12, 64, "has a malformed header (header size 64, not 72)");
+  expectPatchedTableRefused("unknown flag", 44, 1u << 12, "sets flag bits this plugin does not know");
+  expectRefused("corrupt table", [](FieldSet& f) { f.table[100] ^= 0x40; }, "'layer_table' fails its checksum");
+  expectRefused("truncated table", [](FieldSet& f) { f.table.resize(f.table.size() - 4); }, "payload bytes");
+  expectRefused("shorter than its header", [](FieldSet& f) { f.table.resize(40); },
+                "'layer_table' is 40 bytes, shorter than its 72-byte header");
+  expectRefused("not a table", [](FieldSet& f) { f.table.assign(80, 0); }, "'TQCT'");
+  // The arrays.
+  expectTableRefused("page shift out of range", [](LayerTable& t) {
+    t.pageShift.assign(kHq, 0.2f);
+    t.pageShift[2] = 9.f;
+  }, "has a page shift that is not finite");
+  expectTableRefused("perm on integer width", [](LayerTable& t) {
+    t = makeTable(6, 6);
+    t.key.perm.assign(kHkv * kD, 0);
+    for (int32_t i = 0; i < kHkv * kD; ++i) t.key.perm[i] = i % kD;
+  }, "has a key perm, but integer width 3");
+  expectTableRefused("not a permutation", [](LayerTable& t) { t.value.perm[5] = t.value.perm[6]; },
+                     "value perm of KV head 0 is not a permutation");
+  expectTableRefused("descending codebook", [](LayerTable& t) { t.key.codebooks[1] = -5.f; },
+                     "key codebook group 0 is not finite and strictly ascending");
+  expectTableRefused("non-positive scale", [](LayerTable& t) { t.key.scale[3] = 0.f; },
+                     "key scale has an entry that is not finite and positive");
 }
 
-void testOnnxFieldFormRefusals() {
-  int32_t halves[2];
-  std::string text;
-  expectRefused("fingerprint as one int32", [&](FieldSet& f) {
-    useFingerprintHalves(f, halves);
-    f.field("model_fingerprint")->length = 1;
-  }, "'model_fingerprint' of type kINT32 must hold two values");
-  expectRefused("fingerprint as float", [&](FieldSet& f) {
-    f.field("model_fingerprint")->type = PluginFieldType::kFLOAT32;
-  }, "'model_fingerprint' must have type kINT64 (one value), kINT32 (two values");
-  for (char const* bad : {"0x", "12345678x", "1234567890abcdef0", ""}) {
-    text = bad;
-    expectRefused("fingerprint text", [&](FieldSet& f) { useFingerprintText(f, text, true); },
-                  "'model_fingerprint' is '" + text + "', not a 64-bit hexadecimal number");
+// The ONNX-importable form of the table (kINT8, what an ONNX node's INT8 tensor gives) creates the
+// same plugin, and it serializes the canonical kUNKNOWN.
+void testOnnxFieldForms() {
+  FieldSet fs;
+  PluginFieldCollection const* fc = fs.collection();
+  fs.field("layer_table")->type = PluginFieldType::kINT8;
+  gLogger.last.clear();
+  auto plugin = create(fc, TensorRTPhase::kBUILD);
+  if (!plugin) {
+    std::printf("FAIL the table as kINT8 refused: %s\n", gLogger.last.c_str());
+    ++gFailures;
+    return;
   }
-  text = "1234567890abcdee";  // well formed, another model's
-  expectRefused("fingerprint text of another model", [&](FieldSet& f) { useFingerprintText(f, text, false); },
-                "'calibration_table' was made for model fingerprint");
-  int32_t halvesOther[2];
-  expectRefused("fingerprint halves swapped", [&](FieldSet& f) {
-    useFingerprintHalves(f, halves);
-    halvesOther[0] = halves[1];
-    halvesOther[1] = halves[0];
-    f.field("model_fingerprint")->data = halvesOther;
-  }, "'calibration_table' was made for model fingerprint");
-  expectRefused("table as int32", [](FieldSet& f) { f.field("calibration_table")->type = PluginFieldType::kINT32; },
-                "'calibration_table' must have type kUNKNOWN or kINT8");
+  CHECK(plugin->config().tableBytes == fs.table && plugin->config().table.modelFingerprint == kFingerprint);
+  PluginFieldCollection const* saved = plugin->getFieldsToSerialize();
+  for (int32_t i = 0; i < saved->nbFields; ++i) {
+    PluginField const& f = saved->fields[i];
+    if (std::strcmp(f.name, "layer_table") == 0)
+      CHECK(f.type == PluginFieldType::kUNKNOWN && f.length == int32_t(fs.table.size()));
+  }
 }
 
 // A table of another table version or packed format version is refused with both versions named.
 void testTableVersionsRefused() {
-  std::vector<uint8_t> const good = serializeCalibTable(makeTable());
+  std::vector<uint8_t> const good = serializeLayerTable(makeTable());
   auto patched = [&](size_t offset, uint32_t value) {
     std::vector<uint8_t> bytes = good;
     std::memcpy(bytes.data() + offset, &value, 4);
@@ -385,30 +365,35 @@ void testTableVersionsRefused() {
   struct Case { size_t offset; uint32_t value; std::string expected; };
   std::string const readable = "reads versions " + std::to_string(TQ_OLDEST_READABLE_FORMAT_VERSION) + " to " +
                                std::to_string(TQ_FORMAT_VERSION);
+  std::string const rebuild = ": rebuild the engine (or ONNX graph) with this tq_trtllm";
   Case const cases[] = {
-      {4, kCalibTableVersion - 1, "has table version " + std::to_string(kCalibTableVersion - 1) +
-                                      "; this plugin reads version " + std::to_string(kCalibTableVersion)},
-      {4, kCalibTableVersion + 1, "has table version " + std::to_string(kCalibTableVersion + 1)},
+      {4, 3, "has layer table version 3; this plugin reads version 4" + rebuild},
+      {4, kLayerTableVersion + 1, "has layer table version " + std::to_string(kLayerTableVersion + 1) +
+                                      "; this plugin reads version " + std::to_string(kLayerTableVersion) + rebuild},
       {8, TQ_FORMAT_VERSION + 1, "was made for packed cache format version " + std::to_string(TQ_FORMAT_VERSION + 1) +
                                      "; this plugin " + readable},
       {8, TQ_OLDEST_READABLE_FORMAT_VERSION - 1, "was made for packed cache format version " +
                                                      std::to_string(TQ_OLDEST_READABLE_FORMAT_VERSION - 1) +
                                                      "; this plugin " + readable},
   };
-  CalibTable back;
+  LayerTable back;
   std::string error;
-  CHECK(parseCalibTable(good.data(), good.size(), back, error));
+  CHECK(parseLayerTable(good.data(), good.size(), back, error));
   for (Case const& c : cases) {
     std::vector<uint8_t> bytes = patched(c.offset, c.value);
     error.clear();
-    bool parsed = parseCalibTable(bytes.data(), bytes.size(), back, error);
+    bool parsed = parseLayerTable(bytes.data(), bytes.size(), back, error);
     if (parsed || error.find(c.expected) == std::string::npos) {
       std::printf("FAIL version refusal (offset %zu = %u): parsed=%d, error: %s\n", c.offset, c.value, parsed,
                   error.c_str());
       ++gFailures;
     }
-    expectRefused("table version", [&](FieldSet& f) { f.table = bytes; }, "'calibration_table' " + c.expected);
+    expectRefused("table version", [&](FieldSet& f) { f.table = bytes; }, "'layer_table' " + c.expected);
   }
+  // A version 3 table is shorter than the version 4 header can be: still refused for its version.
+  std::vector<uint8_t> v3 = patched(4, 3);
+  v3.resize(64);
+  CHECK(!parseLayerTable(v3.data(), v3.size(), back, error) && error.find("has layer table version 3") != std::string::npos);
 }
 
 // With an ILoggerFinder set (TensorRT calls setLoggerFinder when it loads the library), messages go
@@ -424,11 +409,11 @@ void testMessagesGoThroughTheLoggerFinder() {
   FakeLoggerFinder finder;
   finder.logger = &found;
   setLoggerFinder(&finder);
-  expectRefusedTo(found, "logged through the finder", [](FieldSet& f) { f.ints[2] = 96; }, "'head_dim'");
+  expectRefusedTo(found, "logged through the finder", [](FieldSet& f) { f.tokensPerBlock = 24; }, "'tokens_per_block'");
   CHECK(gLogger.last.empty());
   finder.logger = nullptr;
   found.last.clear();
-  expectRefusedTo(gLogger, "finder without a logger", [](FieldSet& f) { f.ints[2] = 96; }, "'head_dim'");
+  expectRefusedTo(gLogger, "finder without a logger", [](FieldSet& f) { f.tokensPerBlock = 24; }, "'tokens_per_block'");
   CHECK(found.last.empty());
   setLoggerFinder(nullptr);
 }
@@ -469,10 +454,10 @@ void checkFinderOfLayout(InterfaceLayout layout) {
   Finder finder(&logger);
   useLoggerFinder(reinterpret_cast<ILoggerFinder*>(&finder), layout);
   FieldSet fs;
-  fs.ints[2] = 96;
+  fs.tokensPerBlock = 24;
   gLogger.last.clear();
   CHECK(create(fs.collection(), TensorRTPhase::kBUILD) == nullptr);
-  CHECK(logger.last.find("field 'head_dim'") != std::string::npos && gLogger.last.empty());
+  CHECK(logger.last.find("field 'tokens_per_block'") != std::string::npos && gLogger.last.empty());
   useLoggerFinder(nullptr);
 }
 
@@ -583,7 +568,7 @@ void testOutputTypesAndShapes() {
   FakeDim fewLayers(kLayer);
   set(inputs[kHostPoolMapping], {&fewLayers, &two});
   CHECK(plugin->getOutputShapes(inputs.data(), kNumInputs, nullptr, 0, &output, 1, builder) != 0);
-  CHECK(gLogger.last.find("layer_idx") != std::string::npos);
+  CHECK(gLogger.last.find("maps 3 layers, but the layer table's layer index is 3") != std::string::npos);
   set(inputs[kHostPoolMapping], {&layers});  // wrong rank
   CHECK(plugin->getOutputShapes(inputs.data(), kNumInputs, nullptr, 0, &output, 1, builder) != 0);
   CHECK(plugin->getOutputShapes(inputs.data(), 5, nullptr, 0, &output, 1, builder) != 0);
@@ -659,10 +644,10 @@ void testPoolArithmetic() {
   CHECK(poolHeadSizeBytes(plugin->config()) == 60);
   CHECK(poolChunkBytes(plugin->config()) == int64_t(kHkv) * kT * 60);
   PluginConfig c = plugin->config();
-  c.keyWidthX2 = c.valueWidthX2 = 6;
+  c.table.keyWidthX2 = c.table.valueWidthX2 = 6;
   CHECK(poolHeadSizeBytes(c) == 50);
-  c.headDim = 64;
-  c.keyWidthX2 = 8;
+  c.table.headDim = 64;
+  c.table.keyWidthX2 = 8;
   CHECK(poolHeadSizeBytes(c) == 34);
 }
 
@@ -709,14 +694,15 @@ int describeTable(char const* path) {
   std::vector<uint8_t> bytes;
   for (int c; (c = std::fgetc(f)) != EOF;) bytes.push_back(uint8_t(c));
   std::fclose(f);
-  CalibTable t;
+  LayerTable t;
   std::string error;
-  if (!parseCalibTable(bytes.data(), bytes.size(), t, error)) return std::printf("error: %s\n", error.c_str()), 1;
-  std::printf("fingerprint=%llu layer=%d kv_heads=%d q_heads=%d head_dim=%d key_x2=%d value_x2=%d rotary_pairs=%d\n",
+  if (!parseLayerTable(bytes.data(), bytes.size(), t, error)) return std::printf("error: %s\n", error.c_str()), 1;
+  std::printf("fingerprint=%llu layer=%d kv_heads=%d q_heads=%d head_dim=%d key_x2=%d value_x2=%d seed=%u "
+              "rotary_pairs=%d\n",
               (unsigned long long)t.modelFingerprint, t.layerIdx, t.numKvHeads, t.numQHeads, t.headDim,
-              t.keyWidthX2, t.valueWidthX2, t.rotaryPairs);
+              t.keyWidthX2, t.valueWidthX2, t.rotationSeed, t.rotaryPairs);
   for (bool isKey : {true, false}) {
-    CalibSide const& side = isKey ? t.key : t.value;
+    LayerTableSide const& side = isKey ? t.key : t.value;
     std::string const prefix = isKey ? "key_" : "value_";
     printArray((prefix + "codebooks").c_str(), side.codebooks);
     printArray((prefix + "mean").c_str(), side.mean);
@@ -732,15 +718,44 @@ int describeTable(char const* path) {
 
 }  // namespace
 
+// `--fields`: the creator's identity ("plugin NAME NAMESPACE VERSION") and its fields in order
+// ("field NAME TYPE", TYPE a PluginFieldType member without its k), as the JSON declares them.
+char const* fieldTypeName(PluginFieldType type) {
+  switch (type) {
+    case PluginFieldType::kFLOAT16: return "FLOAT16";
+    case PluginFieldType::kFLOAT32: return "FLOAT32";
+    case PluginFieldType::kFLOAT64: return "FLOAT64";
+    case PluginFieldType::kINT8: return "INT8";
+    case PluginFieldType::kINT16: return "INT16";
+    case PluginFieldType::kINT32: return "INT32";
+    case PluginFieldType::kCHAR: return "CHAR";
+    case PluginFieldType::kDIMS: return "DIMS";
+    case PluginFieldType::kUNKNOWN: return "UNKNOWN";
+    case PluginFieldType::kBF16: return "BF16";
+    case PluginFieldType::kINT64: return "INT64";
+    default: return "OTHER";
+  }
+}
+
+int describeFields() {
+  IPluginCreatorV3One& c = creator();
+  std::printf("plugin %s %s %s\n", c.getPluginName(), c.getPluginNamespace(), c.getPluginVersion());
+  PluginFieldCollection const* fc = c.getFieldNames();
+  for (int32_t i = 0; i < fc->nbFields; ++i)
+    std::printf("field %s %s\n", fc->fields[i].name, fieldTypeName(fc->fields[i].type));
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc == 3 && std::string(argv[1]) == "--table") return describeTable(argv[2]);
+  if (argc == 2 && std::string(argv[1]) == "--fields") return describeFields();
   useLogger(&gLogger);
   testCreatorIdentity();
   testCreateSerializeRecreate();
-  testCalibTableRoundTrip();
+  testLayerTableRoundTrip();
   testFieldValidation();
+  testTableRefusals();
   testOnnxFieldForms();
-  testOnnxFieldFormRefusals();
   testTableVersionsRefused();
   testMessagesGoThroughTheLoggerFinder();
   testLoggerFinderOfEitherLayout();

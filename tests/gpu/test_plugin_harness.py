@@ -23,9 +23,9 @@ from required import REQUIRE_PLUGIN, needs
 from tq_trtllm.core.attention import reference_attention
 from tq_trtllm.core.packing import PageLayout, read_tokens
 from tq_trtllm.core.quantizer import Encoded
-from tq_trtllm.trt.plugin_fields import plugin_fields
+from tq_trtllm.trt.plugin_fields import layer_table_bytes, plugin_fields
 
-from .cases import make_codec
+from .cases import make_table
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("TQ_PLUGIN_BUILD_DIR", ROOT / "build" / "plugin_cpp" / "plugin"))
@@ -108,13 +108,13 @@ def run_case(work: Path, case: dict) -> None:
     gen = torch.Generator().manual_seed(2026)
     d, hq, hkv, T = case["head_dim"], case["hq"], case["hkv"], case["T"]
     dtype = DTYPES[case["dtype"]]
-    key = make_codec(d, case["kw"], hkv, gen, seed=77, tables=case["tables"], rotary=case["tables"])
-    value = make_codec(d, case["vw"], hkv, gen, seed=77, tables=case["tables"])
     # calibrated cases carry a page shift and a key rotary mean too (the kernels lower the cached
     # positions by the one and restore the other at each position)
-    shift = torch.rand(hq, generator=gen) + 0.5 if case["tables"] else None
-    fields = plugin_fields(key, value, num_q_heads=hq, kv_heads=hkv, layer_idx=LAYER, tokens_per_block=T,
-                           fingerprint=0xFEEDC0DE12345678, page_lse_shift=shift, **case["rope"])
+    table = make_table(d, case["kw"], case["vw"], hkv, hq, gen, layer=LAYER, seed=77, tables=case["tables"],
+                       page_shift=case["tables"])
+    key, value = table.codecs(LAYER)
+    blob = layer_table_bytes(table, LAYER, num_q_heads=hq, num_kv_heads=hkv, fingerprint=0xFEEDC0DE12345678)
+    fields = plugin_fields(blob, tokens_per_block=T, **case["rope"])
     write_fields(case_dir / "fields.bin", fields)
     layouts = (PageLayout(key.spec, T), PageLayout(value.spec, T))
     head_size = max(key.spec.bytes_per_token, value.spec.bytes_per_token)  # what the builder declares
@@ -158,7 +158,8 @@ def run_case(work: Path, case: dict) -> None:
         (case_dir / f"step{i}_offsets.bin").write_bytes(offsets.numpy().tobytes())
         expected_rows.append(q_rot)
     (case_dir / "case.txt").write_text(
-        f"dtype {case['dtype']}\npool {num_blocks} {LAYERS_IN_POOL} {LAYER_IN_POOL} {NUM_LAYERS}\n"
+        f"dtype {case['dtype']}\nheads {hq} {hkv} {d} {LAYER}\n"
+        f"pool {num_blocks} {LAYERS_IN_POOL} {LAYER_IN_POOL} {NUM_LAYERS}\n"
         f"chunk_bytes {chunk}\nmax_blocks {max_blocks}\nsteps {len(steps)}\n")
 
     done = subprocess.run([str(HARNESS), str(LIBRARY), str(case_dir), str(out_dir)], capture_output=True, text=True,

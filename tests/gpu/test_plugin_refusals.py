@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from tq_trtllm.core.attention import reference_attention
-from tq_trtllm.trt.plugin_fields import plugin_fields
+from tq_trtllm.trt.plugin_fields import layer_table_bytes, plugin_fields
 
-from .cases import make_codec
+from .cases import make_table
 from .test_plugin_harness import HARNESS, LIBRARY, pytestmark, rope, write_fields  # noqa: F401
 
 D, HQ, HKV, T, MAX_BLOCKS, NUM_BLOCKS, LAYER, NUM_LAYERS = 64, 9, 3, 32, 2, 6, 5, 8
@@ -33,15 +33,17 @@ def write_case(work, tokens: int, past: int, offsets: torch.Tensor, layer_in_poo
     case.mkdir(parents=True)
     out.mkdir()
     gen = torch.Generator().manual_seed(61)
-    key, value = (make_codec(D, 3.0, HKV, gen, seed=77, tables=False) for _ in range(2))
-    write_fields(case / "fields.bin", plugin_fields(key, value, num_q_heads=HQ, kv_heads=HKV, layer_idx=LAYER,
-                                                     tokens_per_block=T, fingerprint=0x61, rope_base=10000.0))
+    table = make_table(D, 3.0, 3.0, HKV, HQ, gen, layer=LAYER, seed=77)
+    key, value = table.codecs(LAYER)
+    blob = layer_table_bytes(table, LAYER, num_q_heads=HQ, num_kv_heads=HKV, fingerprint=0x61)
+    write_fields(case / "fields.bin", plugin_fields(blob, tokens_per_block=T, rope_base=10000.0))
     chunk = HKV * T * max(key.spec.bytes_per_token, value.spec.bytes_per_token)
     x = torch.randn(tokens, HQ + 2 * HKV, D, generator=gen).half()
     (case / "step0_meta.bin").write_bytes(np.array([1, tokens, 0, past, tokens], dtype=np.int32).tobytes())
     (case / "step0_qkv.bin").write_bytes(x.reshape(tokens, -1).view(torch.int16).numpy().tobytes())
     (case / "step0_offsets.bin").write_bytes(offsets.to(torch.int32).numpy().tobytes())
-    (case / "case.txt").write_text(f"dtype fp16\npool {NUM_BLOCKS} 2 {layer_in_pool} {num_layers}\n"
+    (case / "case.txt").write_text(f"dtype fp16\nheads {HQ} {HKV} {D} {LAYER}\n"
+                                   f"pool {NUM_BLOCKS} 2 {layer_in_pool} {num_layers}\n"
                                    f"chunk_bytes {chunk}\nmax_blocks {MAX_BLOCKS}\nsteps 1\n"
                                    f"mapping_pool {mapping_pool}\n")
     pos = torch.arange(past - tokens, past)
@@ -87,7 +89,7 @@ def test_a_mapping_without_a_row_for_the_layer_is_refused_before_any_step(tmp_pa
     done = subprocess.run([str(HARNESS), str(LIBRARY), str(case), str(out)], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 2 and "configurePlugin failed" in done.stderr, done.stderr
-    assert f"maps {LAYER} layers, but layer_idx is {LAYER}" in done.stderr, done.stderr
+    assert f"maps {LAYER} layers, but the layer table's layer index is {LAYER}" in done.stderr, done.stderr
     assert not (out / "step0_status.txt").exists()
 
 
