@@ -7,8 +7,8 @@
     <engine>/lib/                 libtq_attention_plugin.so, ..._preload.so, libtq_kernels.so
     <engine>/tokenizer/           the model's tokenizer (tq-run, Triton's pre/postprocessing)
 
-Every rank engine carries its own heads' tables in its plugin fields; tables.safetensors is what the
-reference runtime and tq-eval compare against.
+Every rank engine carries its own heads' layer tables in its plugin fields; tables.safetensors is
+what the reference runtime and tq-eval compare against.
 """
 
 from __future__ import annotations

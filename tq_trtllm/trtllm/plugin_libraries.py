@@ -57,8 +57,9 @@ def register_with_tensorrt(library: Path) -> None:
         return
     handle = registry.load_library(str(library))
     if handle is None or registry.get_creator(PLUGIN_NAME, PLUGIN_VERSION, PLUGIN_NAMESPACE) is None:
-        raise TQError(f"TensorRT could not load the QuantizedAttention plugin from {library} (built against "
-                      "another TensorRT major version, or libtq_kernels.so missing beside it)")
+        raise TQError(f"TensorRT could not load the QuantizedAttention plugin version {PLUGIN_VERSION} from "
+                      f"{library} (built against another TensorRT major version, libtq_kernels.so missing beside "
+                      "it, or an older plugin version: rebuild the engine with this tq_trtllm)")
 
 
 def preload_into_process(library: Path) -> ctypes.CDLL:
