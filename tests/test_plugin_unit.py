@@ -204,15 +204,18 @@ def test_cpp_reader_refuses_bad_tables_with_their_messages(unit_tests, tmp_path)
                       "with this tq_trtllm"),
         "reserved word": (patched(good, reserved=5), "has a non-zero reserved header word"),
         "checksum": (bytes(corrupt), "fails its checksum"),
-        "width 5.5 in the header": (patched(good, key_width_x2=11), "has a key codec the kernels refuse: "),
-        "head_dim 96": (patched(good, head_dim=96), "has head_dim 96; the kernels support 64 and 128"),
+        # head_dim and widths in the kernel library's words (tq_codec_codebook_entries)
+        "width 5.5 in the header": (patched(good, key_width_x2=11), "has keys the kernel library cannot encode: ",
+                                    "width_x2 11", "supported widths are 1, 1.5, "),
+        "head_dim 96": (patched(good, head_dim=96), "has keys the kernel library cannot encode: ", "head_dim 96",
+                        "64 and 128"),
         "GQA ratio 9": (patched(good, num_q_heads=9), "has 9 query heads; the kernels need 1 to 8 times its 1 KV heads"),
         "query heads not a multiple": (patched(good, num_q_heads=3, num_kv_heads=2),
                                        "has 3 query heads; the kernels need 1 to 8 times its 2 KV heads"),
         "negative layer": (patched(good, layer_idx=-2), "has layer index -2; it must not be negative"),
         "header size": (patched(good, header_bytes=64), "has a malformed header (header size 64, not 72)"),
     }
-    for name, (blob, message) in cases.items():
+    for name, (blob, *message) in cases.items():
         got = table_error(binary, path, blob)
-        assert message in got, f"{name}: {got}"
+        assert all(m in got for m in message), f"{name}: {got}"
     assert "is 40 bytes, shorter than its 72-byte header" in table_error(binary, path, good[:40])

@@ -51,14 +51,14 @@ constexpr ArrayRef kArrays[] = {
     {"value scale", kValueScale, false, 2}, {"value perm", kValuePerm, false, 3},
 };
 
-// The groups of K and V (their shapes; codebooks not filled in).
-struct Shapes {
-  tq_codec key, value;
-  tq_codec const& of(bool isKey) const { return isKey ? key : value; }
+// Codebook entries of K and V (tq_codec_codebook_entries).
+struct CodebookEntries {
+  int32_t key, value;
+  int32_t of(bool isKey) const { return isKey ? key : value; }
 };
 
-size_t elementCount(ArrayRef const& a, LayerTable const& t, Shapes const& shapes) {
-  if (a.kind == 0) return size_t(codebookEntries(shapes.of(a.isKey)));
+size_t elementCount(ArrayRef const& a, LayerTable const& t, CodebookEntries const& entries) {
+  if (a.kind == 0) return size_t(entries.of(a.isKey));
   return size_t(t.numKvHeads) * t.headDim;
 }
 
@@ -92,20 +92,6 @@ void arrayResize(LayerTableSide& s, int kind, size_t n) {
     case 2: return s.scale.resize(n);
     default: return s.perm.resize(n);
   }
-}
-
-bool checkCodebooks(std::vector<float> const& c, tq_codec const& shape, std::string const& what,
-                    std::string& error) {
-  size_t at = 0;
-  for (int32_t g = 0; g < shape.num_groups; ++g) {
-    for (int32_t k = 0; k < codebookSize(shape, g); ++k, ++at) {
-      if (!std::isfinite(c[at]) || (k > 0 && !(c[at] > c[at - 1]))) {
-        error = what + " group " + std::to_string(g) + " is not finite and strictly ascending";
-        return false;
-      }
-    }
-  }
-  return true;
 }
 
 bool checkRows(LayerTableSide const& s, int32_t headDim, std::string const& what, std::string& error) {
@@ -185,28 +171,27 @@ bool parseLayerTable(void const* data, size_t bytes, LayerTable& table, std::str
   t.valueWidthX2 = load<int32_t>(p, kOffValueWidth);
   t.rotationSeed = load<uint32_t>(p, kOffSeed);
   uint32_t flags = load<uint32_t>(p, kOffFlags);
-  // What the kernels support.
-  if (t.headDim != 64 && t.headDim != 128)
-    return error = "has head_dim " + std::to_string(t.headDim) + "; the kernels support 64 and 128", false;
+  // What the kernels support; head_dim and the widths are the kernel library's to judge.
   if (t.numKvHeads <= 0) return error = "has " + std::to_string(t.numKvHeads) + " KV heads; it needs at least 1", false;
   if (t.numQHeads <= 0 || t.numQHeads % t.numKvHeads || t.numQHeads / t.numKvHeads > TQ_MAX_GQA_GROUP)
     return error = "has " + std::to_string(t.numQHeads) + " query heads; the kernels need 1 to " +
                    std::to_string(TQ_MAX_GQA_GROUP) + " times its " + std::to_string(t.numKvHeads) + " KV heads",
            false;
   if (t.layerIdx < 0) return error = "has layer index " + std::to_string(t.layerIdx) + "; it must not be negative", false;
-  Shapes shapes{};
+  CodebookEntries entries{};
   for (bool isKey : {true, false}) {
-    std::string why;
-    tq_codec& shape = isKey ? shapes.key : shapes.value;
-    if (!initCodec(shape, t.headDim, isKey ? t.keyWidthX2 : t.valueWidthX2, t.rotationSeed, nullptr, 0, why))
-      return error = std::string("has a ") + (isKey ? "key" : "value") + " codec the kernels refuse: " + why, false;
+    int32_t& n = isKey ? entries.key : entries.value;
+    n = tq_codec_codebook_entries(t.headDim, isKey ? t.keyWidthX2 : t.valueWidthX2);
+    if (n < 0)
+      return error = std::string("has ") + (isKey ? "keys" : "values") + " the kernel library cannot encode: " +
+                     tq_last_error(), false;
   }
   if (flags & ~kKnownFlags) return error = "sets flag bits this plugin does not know", false;
 
   uint64_t payload = load<uint64_t>(p, kOffPayloadBytes);
   uint64_t expected = 0;
   for (ArrayRef const& a : kArrays)
-    if (!a.flag || (flags & a.flag)) expected += elementCount(a, t, shapes) * 4;
+    if (!a.flag || (flags & a.flag)) expected += elementCount(a, t, entries) * 4;
   if (flags & kPageShift) expected += size_t(t.numQHeads) * 4;
   if (flags & kKeyRotary) {  // its pair count leads its block, after everything above
     if (bytes < kLayerTableHeaderBytes + expected + 4)
@@ -226,7 +211,7 @@ bool parseLayerTable(void const* data, size_t bytes, LayerTable& table, std::str
   size_t at = kLayerTableHeaderBytes;
   for (ArrayRef const& a : kArrays) {
     if (a.flag && !(flags & a.flag)) continue;
-    size_t n = elementCount(a, t, shapes);
+    size_t n = elementCount(a, t, entries);
     LayerTableSide& s = sideOf(t, a.isKey);
     arrayResize(s, a.kind, n);
     std::memcpy(arrayData(s, a.kind), p + at, n * 4);
@@ -258,9 +243,11 @@ bool parseLayerTable(void const* data, size_t bytes, LayerTable& table, std::str
     if (!s.perm.empty() && widthX2 % 2 == 0)
       return error = "has a " + what + " perm, but integer width " + widthText(widthX2) +
                      " has one group and no outlier channels", false;
-    if (!checkCodebooks(s.codebooks, shapes.of(isKey), what + " codebook", error) ||
-        !checkRows(s, t.headDim, what, error))
-      return false;
+    tq_codec codec;  // the library checks the codebooks (finite, each group's strictly ascending)
+    std::string why;
+    if (!initCodec(codec, t.headDim, widthX2, t.rotationSeed, s.codebooks.data(), int32_t(s.codebooks.size()), why))
+      return error = "has a " + what + " codebook the kernel library refuses: " + why, false;
+    if (!checkRows(s, t.headDim, what, error)) return false;
   }
   table = std::move(t);
   return true;

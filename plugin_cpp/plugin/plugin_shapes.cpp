@@ -12,11 +12,12 @@ using nvinfer1::DataType;
 using nvinfer1::TensorFormat;
 
 namespace {
-// Packed bytes per token of one side; the parsed table's widths are ones the library accepts.
+// Packed bytes per token of one side (tq_codec_token_bytes); a parsed table's widths are ones the
+// library accepts.
 int64_t sideBytesPerToken(LayerTable const& t, int32_t widthX2) {
   tq_codec codec;
   std::string error;
-  return initCodec(codec, t.headDim, widthX2, t.rotationSeed, nullptr, 0, error) ? bytesPerToken(codec) : 0;
+  return initCodec(codec, t.headDim, widthX2, t.rotationSeed, nullptr, 0, error) ? tq_codec_token_bytes(&codec) : 0;
 }
 }  // namespace
 

@@ -15,6 +15,7 @@
 #include "quantized_attention_plugin.h"
 #include "tq/tq_kernels.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -231,30 +232,35 @@ void testLayerTableRoundTrip() {
   CHECK(parseLayerTable(bytes.data(), bytes.size(), back, error) && back.pageShift.empty());
 }
 
-// Creation must fail and the message `logger` got must contain `expected` (the field's name, and more).
+// Creation must fail and the message `logger` got must contain each of `expected` (the field's name,
+// and more).
 void expectRefusedTo(CapturingLogger& logger, char const* what, std::function<void(FieldSet&)> tweak,
-                     std::string const& expected) {
+                     std::vector<std::string> const& expected) {
   FieldSet fs;
   tweak(fs);
   gLogger.last.clear();
   logger.last.clear();
   auto plugin = create(fs.collection(), TensorRTPhase::kBUILD);
-  bool named = logger.last.find(expected) != std::string::npos;
+  bool named = true;
+  for (std::string const& piece : expected) named = named && logger.last.find(piece) != std::string::npos;
   if (plugin || !named) {
     std::printf("FAIL refusal '%s': created=%d, logged: %s\n", what, plugin != nullptr, logger.last.c_str());
     ++gFailures;
   }
 }
 void expectRefused(char const* what, std::function<void(FieldSet&)> tweak, std::string const& expected) {
-  expectRefusedTo(gLogger, what, std::move(tweak), expected);
+  expectRefusedTo(gLogger, what, std::move(tweak), {expected});
 }
-// A table made by `edit` of a valid one must be refused with `expected` after "field 'layer_table' ".
-void expectTableRefused(char const* what, std::function<void(LayerTable&)> edit, std::string const& expected) {
-  expectRefused(what, [&](FieldSet& f) {
+// A table made by `edit` of a valid one must be refused with `expected` after "field 'layer_table' ",
+// and the message must hold each of `details` too (the kernel library's words, where it judges).
+void expectTableRefused(char const* what, std::function<void(LayerTable&)> edit, std::string const& expected,
+                        std::vector<std::string> details = {}) {
+  details.push_back("field 'layer_table' " + expected);
+  expectRefusedTo(gLogger, what, [&](FieldSet& f) {
     LayerTable t = makeTable();
     edit(t);
     f.setTable(t);
-  }, "field 'layer_table' " + expected);
+  }, details);
 }
 // The same for a valid table's bytes with a 4-byte word at `offset` replaced (checksum left as it was).
 void expectPatchedTableRefused(char const* what, size_t offset, uint32_t value, std::string const& expected) {
@@ -295,16 +301,20 @@ void testFieldValidation() {
 
 // Every refusal of the table's contents, with its message after "field 'layer_table' ".
 void testTableRefusals() {
-  // What the kernels support: head_dim, heads, widths (the header is the only source of these).
-  expectTableRefused("head_dim 96", [](LayerTable& t) { t.headDim = 96; }, "has head_dim 96; the kernels support 64 and 128");
+  // What the kernels support: head_dim, heads, widths (the header is the only source of these);
+  // head_dim and widths in the kernel library's words (tq_codec_codebook_entries, tq_codec_init).
+  expectTableRefused("head_dim 96", [](LayerTable& t) { t.headDim = 96; }, "has keys the kernel library cannot encode: ",
+                     {"head_dim 96", "64 and 128"});
   expectTableRefused("no KV heads", [](LayerTable& t) { t.numKvHeads = 0; }, "has 0 KV heads; it needs at least 1");
   expectTableRefused("query heads not a multiple", [](LayerTable& t) { t.numQHeads = 7; },
                      "has 7 query heads; the kernels need 1 to " + std::to_string(TQ_MAX_GQA_GROUP) + " times its 2 KV heads");
   expectTableRefused("GQA group too big", [](LayerTable& t) { t.numQHeads = 2 * (TQ_MAX_GQA_GROUP + 1); },
                      "has " + std::to_string(2 * (TQ_MAX_GQA_GROUP + 1)) + " query heads; the kernels need 1 to");
   expectTableRefused("negative layer", [](LayerTable& t) { t.layerIdx = -1; }, "has layer index -1; it must not be negative");
-  expectTableRefused("key width 5.5", [](LayerTable& t) { t.keyWidthX2 = 11; }, "has a key codec the kernels refuse: ");
-  expectTableRefused("value width 0.5", [](LayerTable& t) { t.valueWidthX2 = 1; }, "has a value codec the kernels refuse: ");
+  expectTableRefused("key width 5.5", [](LayerTable& t) { t.keyWidthX2 = 11; }, "has keys the kernel library cannot encode: ",
+                     {"width_x2 11", "supported widths are"});
+  expectTableRefused("value width 0.5", [](LayerTable& t) { t.valueWidthX2 = 1; },
+                     "has values the kernel library cannot encode: ", {"width_x2 1 ", "supported widths are"});
   // The header's own rules (offsets: docs/PLUGIN.md, section "Layer table field").
   expectPatchedTableRefused("reserved word", 68, 1, "has a non-zero reserved header word");
   expectPatchedTableRefused("header size", 12, 64, "has a malformed header (header size 64, not 72)");
@@ -327,7 +337,9 @@ void testTableRefusals() {
   expectTableRefused("not a permutation", [](LayerTable& t) { t.value.perm[5] = t.value.perm[6]; },
                      "value perm of KV head 0 is not a permutation");
   expectTableRefused("descending codebook", [](LayerTable& t) { t.key.codebooks[1] = -5.f; },
-                     "key codebook group 0 is not finite and strictly ascending");
+                     "has a key codebook the kernel library refuses: ", {"entry 1 (group 0, level 1)", "ascending"});
+  expectTableRefused("non-finite codebook", [](LayerTable& t) { t.value.codebooks[9] = NAN; },
+                     "has a value codebook the kernel library refuses: ", {"entry 9", "finite"});
   expectTableRefused("non-positive scale", [](LayerTable& t) { t.key.scale[3] = 0.f; },
                      "key scale has an entry that is not finite and positive");
 }
@@ -409,11 +421,11 @@ void testMessagesGoThroughTheLoggerFinder() {
   FakeLoggerFinder finder;
   finder.logger = &found;
   setLoggerFinder(&finder);
-  expectRefusedTo(found, "logged through the finder", [](FieldSet& f) { f.tokensPerBlock = 24; }, "'tokens_per_block'");
+  expectRefusedTo(found, "logged through the finder", [](FieldSet& f) { f.tokensPerBlock = 24; }, {"'tokens_per_block'"});
   CHECK(gLogger.last.empty());
   finder.logger = nullptr;
   found.last.clear();
-  expectRefusedTo(gLogger, "finder without a logger", [](FieldSet& f) { f.tokensPerBlock = 24; }, "'tokens_per_block'");
+  expectRefusedTo(gLogger, "finder without a logger", [](FieldSet& f) { f.tokensPerBlock = 24; }, {"'tokens_per_block'"});
   CHECK(found.last.empty());
   setLoggerFinder(nullptr);
 }
