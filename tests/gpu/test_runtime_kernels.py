@@ -63,6 +63,11 @@ def run(model, ids, backend, bits, sinks, recent=1, shifted=False, rotary=False,
 # bf16: the kernels measured 3.1e-3 on the H200 (2026-12-05); dropping the rotary mean moves the
 # logits by 1.57e-2, so a bound of 6e-3 keeps both margins near 2x
 LOGIT_TOL = {torch.float16: 2e-3, torch.bfloat16: 6e-3}
+# generate on the kernels against the reference encoding on its own: a code on a decision boundary
+# may round the other way on each side, so the bound is looser than LOGIT_TOL's. bf16 measured
+# 6.9e-3 at its 5th step on the H200 (2026-12-05, `08cbd6c`); another rotation seed moves the
+# logits by 8e-2 or more
+GENERATE_TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
 def relative(got, want) -> float:
@@ -160,11 +165,13 @@ def test_generate_runs_on_the_kernels(model):
     with torch.inference_mode():
         want = [model(input_ids=step, past_key_values=reference, use_cache=True).logits[:, -1].float()
                 for step in steps]
-    tol = LOGIT_TOL[model.dtype]
+    tol = GENERATE_TOL[model.dtype]
+    rels = [relative(g.float(), w) for g, w in zip(out.logits, want)]
+    worst = max(range(len(rels)), key=rels.__getitem__)
+    print(f"{model.dtype}: the largest difference, step {worst}: {rels[worst]:.3g}")
+    assert rels[worst] < tol, f"step {worst}: logits differ by {rels[worst]:.3g} (relative; bound {tol:g})"
     for i, (g, w) in enumerate(zip(out.logits, want)):
         g = g.float()
-        rel = relative(g, w)
-        assert rel < tol, f"step {i}: logits differ by {rel:.3g} (relative; bound {tol:g})"
         chosen = tokens[0, 40 + i]
         assert chosen == g[0].argmax()
         assert w[0, chosen] >= w[0].max() - 2 * (g - w).abs().max(), f"step {i}: token {int(chosen)}"

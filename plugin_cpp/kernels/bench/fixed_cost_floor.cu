@@ -19,6 +19,7 @@ constexpr int kGroup = 4;          // query heads per KV head
 constexpr int kThreads = 256;      // 8 warps, as the split pass
 constexpr int kRotaryPairs = 16;   // the calibrated tables' rotary mean
 constexpr int kWindow = 32;        // block-table entries a CTA reads before its first tile
+constexpr int kMaxSplits = 32;     // the plans' splits at 1 x 131,072
 
 struct FloorArgs {
   const int32_t* kv_lens;      // [batch]
@@ -80,7 +81,15 @@ __global__ void __launch_bounds__(kThreads) floor_kernel(FloorArgs a) {
   }
   if (t < kGroup) a.partial_lse[slot * kGroup + t] = float(split) * 1e-3f + s_q[t][0];
 
-  // The last CTA of the (row, KV head) folds the splits.
+  // One split: the CTA's output is the row's (no fold, no arrival count).
+  const size_t out_at = (size_t(row) * a.kv_heads * kGroup + head * kGroup) * kHeadDim;
+  if (a.splits == 1) {
+    for (int i = t; i < kGroup * kHeadDim; i += kThreads)
+      a.out[out_at + i] = __float2half(s_q[i / kHeadDim][i % kHeadDim] * s_tab[2][i % kHeadDim]);
+    return;
+  }
+  // The last CTA of the (row, KV head) folds the splits: the log-sum-exps in one round into shared
+  // memory, then every thread's partials in one round of independent loads.
   __threadfence();
   __syncthreads();
   int32_t* arrivals = a.arrivals + size_t(row) * a.kv_heads + head;
@@ -88,18 +97,27 @@ __global__ void __launch_bounds__(kThreads) floor_kernel(FloorArgs a) {
   __syncthreads();
   if (!s_last) return;
   __threadfence();
+  __shared__ float s_w[kMaxSplits][kGroup];
   const size_t first = (size_t(row) * a.kv_heads + head) * a.splits;
+  if (t < a.splits * kGroup) s_w[t / kGroup][t % kGroup] = __ldcg(a.partial_lse + first * kGroup + t);
+  __syncthreads();
+  if (t < kGroup) {  // weights of the splits: exp(lse - max) / sum
+    float m = -INFINITY, den = 0.f;
+    for (int s = 0; s < a.splits; ++s) m = fmaxf(m, s_w[s][t]);
+    for (int s = 0; s < a.splits; ++s) den += (s_w[s][t] = __expf(s_w[s][t] - m));
+    for (int s = 0; s < a.splits; ++s) s_w[s][t] /= den;
+  }
+  __syncthreads();
   for (int i = t; i < kGroup * kHeadDim; i += kThreads) {
     const int g = i / kHeadDim;
-    float m = -INFINITY;
-    for (int s = 0; s < a.splits; ++s) m = fmaxf(m, __ldcg(a.partial_lse + (first + s) * kGroup + g));
-    float num = 0.f, den = 0.f;
-    for (int s = 0; s < a.splits; ++s) {
-      const float w = __expf(__ldcg(a.partial_lse + (first + s) * kGroup + g) - m);
-      num += w * __ldcg(a.partial_o + (first + s) * kGroup * kHeadDim + i);
-      den += w;
-    }
-    a.out[(size_t(row) * a.kv_heads * kGroup + head * kGroup) * kHeadDim + i] = __float2half(num / den);
+    float o[kMaxSplits];
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s)
+      o[s] = s < a.splits ? __ldcg(a.partial_o + (first + s) * kGroup * kHeadDim + i) : 0.f;
+    float acc = 0.f;
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s) acc += s < a.splits ? s_w[s][g] * o[s] : 0.f;
+    a.out[out_at + i] = __float2half(acc);
   }
   if (t == 0) *arrivals = 0;
 }
@@ -114,6 +132,7 @@ extern "C" int tq_floor_launch(const int32_t* kv_lens, const int32_t* block_tabl
                                const float* rot_freq, const float* rot_mean, const void* q, float* partial_o,
                                float* partial_lse, int32_t* arrivals, void* out, int32_t batch, int32_t kv_heads,
                                int32_t splits, int32_t max_blocks, void* stream) {
+  if (splits < 1 || splits > kMaxSplits) return int(cudaErrorInvalidValue);
   FloorArgs a{kv_lens, block_table, perm, mean, scale, rot_channel, rot_freq, rot_mean,
               static_cast<const __half*>(q), partial_o, partial_lse, arrivals, static_cast<__half*>(out),
               kv_heads, splits, max_blocks};
