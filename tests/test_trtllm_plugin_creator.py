@@ -70,12 +70,15 @@ def _damaged(table: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("field, change, named", [
     ("tokens_per_block", lambda _: np.array([40], np.int32), "'tokens_per_block' is 40"),
     ("rope_scaling_type", lambda _: np.array([7], np.int32), "'rope_scaling_type' is 7"),
-    ("layer_table", _damaged, "'layer_table'"),
+    ("layer_table", _damaged, "field 'layer_table' fails its checksum"),
+    # a field of plugin version 1, now in the layer table's header: named, with what to do
+    ("head_dim", lambda _: np.array([128], np.int32),
+     "field 'head_dim' is not a field of QuantizedAttention version 2: its value comes from the layer table"),
 ])
 def test_fields_the_plugin_refuses_fail_with_its_message(gen, registry, field, change, named):
     reg, log, _ = registry
     fields = dict(rank_fields(gen, 0))
-    fields[field] = change(fields[field])
+    fields[field] = change(fields.get(field))
     log.messages.clear()
     with pytest.raises(TQError, match="refused the fields"):
         create_plugin("tq_quantized_attention_1", fields, trt, reg)
