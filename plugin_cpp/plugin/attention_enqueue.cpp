@@ -26,8 +26,8 @@ bool locatePool(PluginConfig const& c, nvinfer1::PluginTensorDesc const* desc, v
   nvinfer1::Dims const& offsets = desc[kBlockOffsets].dims;
   int64_t const numPools = desc[kHostPoolPointers].dims.d[0];
   if (desc[kHostPoolMapping].dims.d[0] <= c.table.layerIdx) {
-    error = std::string("input '") + inputName(kHostPoolMapping) + "' does not map layer " + std::to_string(c.table.layerIdx) +
-            " (the layer table's layer index)";
+    error = std::string("input '") + inputName(kHostPoolMapping) + "' does not map layer " +
+            std::to_string(c.table.layerIdx) + " (the layer table's layer index)";
     return false;
   }
   auto const* mapping = static_cast<int32_t const*>(inputs[kHostPoolMapping]);
@@ -102,8 +102,8 @@ int32_t run(PluginConfig const& c, DeviceTables& tables, nvinfer1::PluginTensorD
   if (!tables.uploadMetadata(plan.metadata, pos, stream, error)) return 1;
 
   tq_stream const s = reinterpret_cast<tq_stream>(stream);
-  if (!kernelOk(tq_rope_split_qkv(inputs[kQkv], qkvWidth(c), dtype, pos, numTokens, c.table.numQHeads, c.table.numKvHeads,
-                                  c.table.headDim, &c.rope, q, kv, s),
+  if (!kernelOk(tq_rope_split_qkv(inputs[kQkv], qkvWidth(c), dtype, pos, numTokens, c.table.numQHeads,
+                                  c.table.numKvHeads, c.table.headDim, &c.rope, q, kv, s),
                 "RoPE", error))
     return 1;
 
@@ -125,8 +125,8 @@ int32_t run(PluginConfig const& c, DeviceTables& tables, nvinfer1::PluginTensorD
   int64_t const kvStride = 2 * int64_t(c.table.numKvHeads) * c.table.headDim;
   int32_t const contextTokens = plan.numGeneration > 0 ? plan.requests[plan.numContext].tokenBegin : numTokens;
   if (contextTokens > 0 &&
-      !kernelOk(tq_quantize_append(&cache, kv, kv + c.table.numKvHeads * c.table.headDim * elem, kvStride, dtype, seqIdx, pos,
-                                   contextTokens, batch, s),
+      !kernelOk(tq_quantize_append(&cache, kv, kv + c.table.numKvHeads * c.table.headDim * elem, kvStride, dtype,
+                                   seqIdx, pos, contextTokens, batch, s),
                 "quantize-append", error))
     return 1;
 

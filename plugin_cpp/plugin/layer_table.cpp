@@ -177,7 +177,8 @@ bool parseLayerTable(void const* data, size_t bytes, LayerTable& table, std::str
     return error = "has " + std::to_string(t.numQHeads) + " query heads; the kernels need 1 to " +
                    std::to_string(TQ_MAX_GQA_GROUP) + " times its " + std::to_string(t.numKvHeads) + " KV heads",
            false;
-  if (t.layerIdx < 0) return error = "has layer index " + std::to_string(t.layerIdx) + "; it must not be negative", false;
+  if (t.layerIdx < 0)
+    return error = "has layer index " + std::to_string(t.layerIdx) + "; it must not be negative", false;
   CodebookEntries entries{};
   for (bool isKey : {true, false}) {
     int32_t& n = isKey ? entries.key : entries.value;
