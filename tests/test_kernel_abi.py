@@ -2,7 +2,9 @@
 format versions the library reads, the refusal of any other when the binding loads it, the C ABI
 version, and tq_last_error kept per host thread. The library loads on a CPU machine once built."""
 
+import re
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -52,9 +54,9 @@ def test_a_library_of_another_format_version_is_refused_when_loaded(monkeypatch)
 
 def test_a_library_of_another_abi_version_is_refused_when_loaded(monkeypatch):
     """The binding declares the C ABI of tq_kernels.h's TQ_ABI_VERSION (the attention's plan and
-    run, their structs): a library of another version is refused with a message that says to
-    rebuild it, never called through mismatched signatures."""
-    assert kernels.library().tq_abi_version() == _lib.ABI_VERSION
+    run, their structs, tq_codec_init): a library of another version is refused with a message
+    that says to rebuild it, never called through mismatched signatures."""
+    assert kernels.library().tq_abi_version() == _lib.ABI_VERSION == _header_abi_version()
     monkeypatch.setattr(_lib, "ABI_VERSION", _lib.ABI_VERSION + 1)
     _lib.library.cache_clear()
     try:
@@ -64,6 +66,11 @@ def test_a_library_of_another_abi_version_is_refused_when_loaded(monkeypatch):
     finally:
         monkeypatch.undo()
         _lib.library.cache_clear()
+
+
+def _header_abi_version() -> int:
+    header = Path(__file__).resolve().parents[1] / "plugin_cpp" / "include" / "tq" / "tq_kernels.h"
+    return int(re.search(r"^#define TQ_ABI_VERSION (\d+)", header.read_text(), re.M).group(1))
 
 
 def test_last_error_is_kept_per_host_thread():

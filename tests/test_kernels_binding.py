@@ -29,9 +29,15 @@ def test_import_needs_no_gpu_and_says_why_it_cannot_run():
     assert reason is None or isinstance(reason, str) and reason
 
 
+needs_library = needs(None if kernels.find_library() else "libtq_kernels.so is not built",
+                      REQUIRE_CUDA_BUILD)
+
+
+@needs_library
 def test_device_codecs_carry_the_tables_scales(gen):
     """Each side's per-head scale reaches its tq_codec (the value scale is multiplied back in by the
-    attention merge and by dequantize); no library or GPU is needed to build the structs."""
+    attention merge and by dequantize); building the structs needs the library (tq_codec_init), no
+    GPU."""
     key_scale, value_scale = (torch.rand(2, 64, generator=gen, dtype=torch.float64) + 0.5 for _ in range(2))
     table = LayerTable(3.0, 2.5, 5, key_scale=key_scale, value_scale=value_scale,
                        value_outliers=torch.arange(32).repeat(2, 1))
@@ -39,10 +45,6 @@ def test_device_codecs_carry_the_tables_scales(gen):
         dc = DeviceCodec(codec, 2, "cpu")
         assert dc.struct.scale == dc.scale.data_ptr() and torch.equal(dc.scale, scale.float())
     assert DeviceCodec(LayerTable(3.0, 3.0, 5).codecs(64)[1], 2, "cpu").struct.scale is None
-
-
-needs_library = needs(None if kernels.find_library() else "libtq_kernels.so is not built",
-                      REQUIRE_CUDA_BUILD)
 
 
 @needs_library

@@ -43,22 +43,23 @@ typename V::value_type* to_device(const V& host) {
   return dev;
 }
 
-// An uncalibrated 3-bit codec (one group). Its codebook: the 8-level Lloyd-Max quantizer of a
-// standard normal (Max, 1960), in units of a random unit vector's coordinate (standard deviation
-// 1/sqrt(head_dim)); the library puts it on the format's 8-bit grid. The Python package computes
-// the exact codebook for the coordinate's Beta distribution and per-layer tables (tq-build).
+// An uncalibrated 3-bit codec (width_x2 6: one group, built by tq_codec_init). Its codebook: the
+// 8-level Lloyd-Max quantizer of a standard normal (Max, 1960), in units of a random unit vector's
+// coordinate (standard deviation 1/sqrt(head_dim)); the library puts it on the format's 8-bit grid.
+// The Python package computes the exact codebook for the coordinate's Beta distribution and
+// per-layer tables (tq-build).
 tq_codec three_bit_codec(uint32_t seed) {
-  tq_codec c{};
-  c.head_dim = kHeadDim;
-  c.num_groups = 1;
-  c.group_dim[0] = kHeadDim;
-  c.group_bits[0] = 3;
-  const float levels[4] = {0.2451f, 0.7560f, 1.3440f, 2.1520f};
+  const float half[4] = {0.2451f, 0.7560f, 1.3440f, 2.1520f};
+  float levels[8];
   for (int i = 0; i < 4; ++i) {
-    c.codebook[0][4 + i] = levels[i] / std::sqrt(float(kHeadDim));
-    c.codebook[0][3 - i] = -c.codebook[0][4 + i];
+    levels[4 + i] = half[i] / std::sqrt(float(kHeadDim));
+    levels[3 - i] = -levels[4 + i];
   }
-  c.seed = seed;
+  tq_codec c;
+  if (tq_codec_init(&c, kHeadDim, 6, seed, levels, 8) != TQ_OK) {
+    std::fprintf(stderr, "tq_codec_init failed: %s\n", tq_last_error());
+    std::exit(1);
+  }
   return c;
 }
 

@@ -37,25 +37,28 @@ def _per_head(codec: VectorCodec, name: str, heads: int, dtype, device):
     return None if t is None else t.to(device=device, dtype=dtype).contiguous()
 
 
+def codec_struct(codec: VectorCodec) -> TqCodec:
+    """The library's tq_codec for the codec's width at its head_dim (tq_codec_init: the groups of
+    FORMAT.md section 2, the codebooks as float32, the seed), without per-head tables."""
+    if codec.rotation != "hadamard":
+        raise TQError("the kernels implement the Hadamard rotation only")
+    spec = codec.spec
+    levels = torch.cat([torch.as_tensor(c).reshape(-1) for c in codec.codebooks]).to(torch.float32)
+    books = (ctypes.c_float * levels.numel())(*levels.tolist())
+    s = TqCodec()
+    check(library().tq_codec_init(ctypes.byref(s), spec.head_dim, round(spec.width * 2), codec.seed,
+                                  books, levels.numel()), "tq_codec_init")
+    return s
+
+
 class DeviceCodec:
     """tq_codec for one VectorCodec, holding the device tables its pointers name."""
 
     def __init__(self, codec: VectorCodec, num_kv_heads: int, device):
-        spec = codec.spec
-        if codec.rotation != "hadamard":
-            raise TQError("the kernels implement the Hadamard rotation only")
-        d = spec.head_dim
+        s = codec_struct(codec)
         self.perm = _per_head(codec, "perm", num_kv_heads, torch.int32, device)
         self.mean = _per_head(codec, "mean", num_kv_heads, torch.float32, device)
         self.scale = _per_head(codec, "scale", num_kv_heads, torch.float32, device)
-        s = TqCodec()
-        s.head_dim = d
-        s.num_groups = len(spec.groups)
-        for i, g in enumerate(spec.groups):
-            s.group_dim[i], s.group_bits[i] = g.dim, g.bits
-            for k, c in enumerate(codec.codebooks[i].tolist()):
-                s.codebook[i][k] = c
-        s.seed = codec.seed
         s.perm = self.perm.data_ptr() if self.perm is not None else None
         s.mean = self.mean.data_ptr() if self.mean is not None else None
         s.scale = self.scale.data_ptr() if self.scale is not None else None
@@ -129,10 +132,8 @@ class KernelCache:
 
 def page_bytes(codec: VectorCodec, tokens_per_block: int) -> int:
     """tq_page_bytes: the library's page size for a codec (it must equal PageLayout's)."""
-    # page sizes depend on the widths alone: describe the codec without its per-head tables
-    bare = VectorCodec(codec.spec, seed=codec.seed, codebooks=[c.tolist() for c in codec.codebooks])
-    dc = DeviceCodec(bare, 1, "cpu")
-    n = library().tq_page_bytes(ctypes.byref(dc.struct), tokens_per_block)
+    # page sizes depend on the widths alone: the codec without its per-head tables
+    n = library().tq_page_bytes(ctypes.byref(codec_struct(codec)), tokens_per_block)
     if n < 0:
         raise TQError(f"tq_page_bytes failed: {library().tq_last_error().decode(errors='replace')}")
     return n
