@@ -5,6 +5,8 @@
 #   mkdir -p device_carry/cmp_old device_carry/cmp_new
 #   git archive REV tq_trtllm tests build_scripts plugin_cpp/kernels/bench pyproject.toml | xz > device_carry/cmp_X/pkg.tar.xz
 #   xz -c THAT_REVISIONS_LIBRARY > device_carry/cmp_X/libtq_kernels.so.xz; echo REV > device_carry/cmp_X/REVISION
+#   (the new side may add its plugin and harness: build/plugin_cpp/plugin/{libtq_attention_plugin.so,
+#   tq_plugin_harness} as device_carry/cmp_new/plugin/*.xz, for tests/gpu's plugin tests)
 # (a call carries at most 64 MiB: one side per call). On the GPU machine, back to back (the stage
 # lives in /tmp while the machine stays warm):
 #   bash build_scripts/device_compare.sh stage old|new      carry device_carry/cmp_old or cmp_new
@@ -20,6 +22,7 @@ export PYTHONUNBUFFERED=1 TQ_REQUIRE_GPU=1
 side() {
   local which=$1; shift
   (cd "$stage/$which/pkg" && PYTHONPATH=. TQ_KERNELS_LIB="$stage/$which/libtq_kernels.so" \
+     TQ_PLUGIN_BUILD_DIR="$stage/$which/plugin" LD_LIBRARY_PATH="$stage/$which:${LD_LIBRARY_PATH:-}" \
      TQ_REVISION="$(cat "$stage/$which/REVISION")" "$@")
 }
 case "${1:-}" in
@@ -29,6 +32,11 @@ case "${1:-}" in
     xz -T8 -dc "device_carry/cmp_$2/libtq_kernels.so.xz" > "$stage/$2/libtq_kernels.so"
     xz -T8 -dc "device_carry/cmp_$2/pkg.tar.xz" | tar xf - -C "$stage/$2/pkg"
     cp "device_carry/cmp_$2/REVISION" "$stage/$2/REVISION"
+    mkdir -p "$stage/$2/plugin"
+    for f in "device_carry/cmp_$2"/plugin/*.xz; do
+      [[ -f $f ]] || continue
+      xz -dc "$f" > "$stage/$2/plugin/$(basename "${f%.xz}")"; chmod +x "$stage/$2/plugin/$(basename "${f%.xz}")"
+    done
     echo "staged $2: $(cat "$stage/$2/REVISION")"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader ;;
   bench)
     nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"

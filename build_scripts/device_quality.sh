@@ -26,10 +26,11 @@ case "${1:-}" in
       [[ $(md5sum < "$pkg/model.gguf" | cut -d' ' -f1) == $(cat device_carry/run/model.gguf.md5) ]] \
         || { echo "the assembled GGUF file differs from the one prepared: run parts 1 and 2 again" >&2; exit 1; }
       touch "$pkg/__init__.py"  # found by importlib, never imported (checkpoint.default_checkpoint)
-      xz -T8 -dc device_carry/run/libtq_kernels.so.xz > "$stage/libtq_kernels.so"
+      # the library: carried in run/, or already staged by another script (TQ_QUALITY_LIB)
+      [[ -n ${TQ_QUALITY_LIB:-} ]] || xz -T8 -dc device_carry/run/libtq_kernels.so.xz > "$stage/libtq_kernels.so"
       python3 -m pip install -q --no-index --no-deps --target "$site" device_carry/run/gguf-*.whl
     fi
-    export PYTHONPATH=$site:$PYTHONPATH TQ_KERNELS_LIB=$stage/libtq_kernels.so
+    export PYTHONPATH=$site:$PYTHONPATH TQ_KERNELS_LIB=${TQ_QUALITY_LIB:-$stage/libtq_kernels.so}
     what=$1; shift
     if [[ $what == ppl ]]; then
       python3 -m tq_trtllm.cli.eval ppl --device cuda "$@" --json | tee "$OUT/ppl.json"
