@@ -12,6 +12,7 @@
 #   bash build_scripts/device_compare.sh stage old|new      carry device_carry/cmp_old or cmp_new
 #   bash build_scripts/device_compare.sh bench [ROUNDS]     old, new, old, new, ...: decode + prefill
 #   bash build_scripts/device_compare.sh tests|racecheck|memcheck|floor   the new side alone
+#   (tests: tests/gpu and, where device_carry/cmp_new/tq_decode_step.xz was staged, the C++ example)
 # Logs and rows under $OUT (default ./device_out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +38,9 @@ case "${1:-}" in
       [[ -f $f ]] || continue
       xz -dc "$f" > "$stage/$2/plugin/$(basename "${f%.xz}")"; chmod +x "$stage/$2/plugin/$(basename "${f%.xz}")"
     done
+    if [[ -f device_carry/cmp_$2/tq_decode_step.xz ]]; then
+      xz -dc "device_carry/cmp_$2/tq_decode_step.xz" > "$stage/$2/tq_decode_step"; chmod +x "$stage/$2/tq_decode_step"
+    fi
     echo "staged $2: $(cat "$stage/$2/REVISION")"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader ;;
   bench)
     nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
@@ -49,8 +53,10 @@ case "${1:-}" in
         done
       done
     done ;;
-  tests)
-    side new python3 -m pytest tests/gpu -q -rs -x 2>&1 | tee "$OUT/tests.log" | tail -15 ;;
+  tests)  # tests/gpu (the plugin's with the staged plugin and harness), then the C++ example
+    side new python3 -m pytest tests/gpu -q -rs 2>&1 | tee "$OUT/tests.log" | tail -15
+    for n in 1 4096 131072; do side new "$stage/new/tq_decode_step" "$n" 2>&1 | tail -2; done \
+      | tee "$OUT/decode_step.log" ;;
   memcheck)
     side new timeout 400 compute-sanitizer --tool memcheck --target-processes all --print-limit 20 \
       python3 -m pytest -q -x tests/gpu/test_attention.py tests/gpu/test_quantize_append.py \
