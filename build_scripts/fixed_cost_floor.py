@@ -29,6 +29,8 @@ from tq_trtllm.eval.run_record import run_metadata  # noqa: E402
 SOURCE = ROOT / "plugin_cpp/kernels/bench/fixed_cost_floor.cu"
 KV_HEADS, GROUP, HEAD_DIM, PAIRS, TOKENS_PER_BLOCK, CTAS = 8, 4, 128, 16, 64, 256
 SHAPES = ((1, 131072), (32, 32768))
+WHAT = ("timing-only floor of a one-launch decode call (one round of prologue reads, partial output, "
+        "the last CTA of a row folding the splits; no tile loop)")
 
 
 def build(out_dir: Path) -> ctypes.CDLL:
@@ -91,12 +93,12 @@ def main(iters: int, rounds: int, as_json: bool) -> None:
                 torch.cuda.synchronize()
                 if splits > 1 and int(t["arrivals"].sum()) != 0:
                     raise click.ClickException("the last CTA of a row did not fold its splits")
-                row = {"kind": "fixed_cost_floor", "round": r, "batch": batch, "context": context,
-                       "kv_heads": KV_HEADS, "group": GROUP, "head_dim": HEAD_DIM, "splits": splits,
-                       "ctas": batch * KV_HEADS * splits, "floor_us": round(floor_us, 2),
-                       "empty_kernel_us": round(empty_us, 2), "add_us": round(add_us, 2), "iters": iters}
-                if as_json:
-                    print(json.dumps({**row, **run_metadata()}))
+                row = {"round": r, "batch": batch, "context": context, "kv_heads": KV_HEADS, "group": GROUP,
+                       "head_dim": HEAD_DIM, "splits": splits, "ctas": batch * KV_HEADS * splits,
+                       "floor_us": round(floor_us, 2), "empty_kernel_us": round(empty_us, 2),
+                       "add_us": round(add_us, 2), "iters": iters}
+                if as_json:  # a row of docs/results/benchmarks.jsonl
+                    print(json.dumps({"what": WHAT, **run_metadata(), "figures": row}))
                 else:
                     print(f"round {r} {name}: floor {floor_us:.2f} us ({splits} splits), empty kernel "
                           f"{empty_us:.2f} us, add_ {add_us:.2f} us")
