@@ -88,6 +88,16 @@ def check_checkpoint(checkpoint: str | Path | None) -> Path:
     return path
 
 
+def load_tokenizer(checkpoint: str | Path | None = None):
+    """The checkpoint's tokenizer alone (None: the embedded default), without its weights."""
+    path = Path(checkpoint).expanduser().resolve() if checkpoint else default_checkpoint()
+    where, extra = _source(path)
+    try:
+        return _transformers().AutoTokenizer.from_pretrained(where, local_files_only=True, **extra)
+    except Exception as err:  # transformers raises many types for unreadable files
+        raise TQError(f"checkpoint {path} could not be loaded: {type(err).__name__}: {err}") from None
+
+
 def load_model(family_name: str, checkpoint: str | Path | None = None) -> LoadedModel:
     """Load the family's checkpoint (default: the embedded SmolLM2) in float32, eval mode, on CPU."""
     family = get_family(family_name)

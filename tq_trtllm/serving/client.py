@@ -127,3 +127,18 @@ def read_metrics(metrics_url: str, timeout: float = 10.0) -> list[tuple[str, dic
 def metric(samples, name: str, **labels) -> float:
     """The sum of `name`'s samples whose labels include `labels`."""
     return sum(v for n, lab, v in samples if n == name and all(lab.get(k) == str(x) for k, x in labels.items()))
+
+
+def peak_batch(before, after, model: str, histogram: str = "tq_decode_batch_size") -> float:
+    """The most sequences one decode step carried between two readings of /metrics: the smallest
+    bucket bound holding every step observed in between (exact where each size has its own bucket,
+    metrics.BATCH_BUCKETS); 0 when no step ran."""
+    def buckets(samples):  # {bound: cumulative count}
+        return {float(lab["le"]): v for n, lab, v in samples
+                if n == f"{histogram}_bucket" and lab.get("model") == model}
+
+    steps = metric(after, f"{histogram}_count", model=model) - metric(before, f"{histogram}_count", model=model)
+    if steps <= 0:
+        return 0.0
+    old, new = buckets(before), buckets(after)
+    return min((b for b in new if new[b] - old.get(b, 0.0) >= steps), default=float("inf"))

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from .scheduler import Stats
 
-# decode-step batch sizes: every size up to 16 has its own bucket, so a test can read how many
-# steps carried fewer than 8 sequences
-BATCH_BUCKETS = [float(n) for n in (*range(1, 17), 24, 32, 48, 64, 96, 128)]
+# decode-step batch sizes: every size up to 64 (tq-serve's --max-active) has its own bucket, so
+# the most sequences that ran at once over any window is exact (client.peak_batch), and a test can
+# read how many steps carried fewer than 8 sequences
+BATCH_BUCKETS = [float(n) for n in (*range(1, 65), 96, 128, 256)]
 
 GAUGES = {
     "tq_kv_cache_bytes": "KV cache bytes in use: the cache format's bytes of every active sequence",
@@ -18,16 +19,23 @@ GAUGES = {
     "tq_kv_fp16_bytes_per_token": "What an FP16 cache holds per token (all layers)",
     "tq_active_sequences": "Sequences in the decode batch",
     "tq_waiting_sequences": "Requests waiting for KV cache pages",
+    "tq_model_on_gpu": "1 where the model and its cache run on the GPU (the kernel library), 0 on the CPU",
 }
 COUNTERS = {
     "tq_decode_steps_total": "Batched decode steps run",
     "tq_decode_step_sequences_total": "Sequences summed over decode steps (divide by steps: mean batch)",
+    "tq_admitted_total": "Requests admitted into the batch (their pages reserved)",
+    "tq_waited_for_pages_total": "Requests held back at least once because the KV budget was full",
+    "tq_queue_seconds_total": "Seconds from arrival to admission, summed over admitted requests",
 }
+# the Stats totals behind the counters that follow them (published as increments)
+TOTALS = {"tq_admitted_total": "admitted", "tq_waited_for_pages_total": "waited_for_pages",
+          "tq_queue_seconds_total": "queue_seconds"}
 
 
 class ModelMetrics:
     def __init__(self, pb_utils, model: str, bytes_per_token: float, fp16_bytes_per_token: int,
-                 budget: int):
+                 budget: int, on_gpu: bool = False):
         family = pb_utils.MetricFamily
         labels = {"model": model}
         # a metric needs its family alive: keep every family for the model's lifetime
@@ -47,7 +55,9 @@ class ModelMetrics:
         self.gauges["tq_kv_bytes_per_token"].set(bytes_per_token)
         self.gauges["tq_kv_fp16_bytes_per_token"].set(fp16_bytes_per_token)
         self.gauges["tq_kv_cache_budget_bytes"].set(budget)
+        self.gauges["tq_model_on_gpu"].set(int(on_gpu))
         self.seen = {"finished": 0, "cancelled": 0, "failed": 0}
+        self.totals = dict.fromkeys(TOTALS.values(), 0)
 
     def publish(self, s: Stats) -> None:
         g = self.gauges
@@ -66,3 +76,8 @@ class ModelMetrics:
             if total > self.seen[outcome]:
                 metric.increment(total - self.seen[outcome])
                 self.seen[outcome] = total
+        for name, field in TOTALS.items():
+            total = getattr(s, field)
+            if total > self.totals[field]:
+                self.counters[name].increment(total - self.totals[field])
+                self.totals[field] = total

@@ -99,7 +99,7 @@ class TritonPythonModel:
         self.runner = open_runner(str(engine_dir), params.get("cache", "turboquant"), device)
         budget = int(params.get("kv_cache_bytes", DEFAULT_BUDGET))
         self.metrics = ModelMetrics(pb_utils, args["model_name"], self.runner.bytes_per_token(),
-                                    self.runner.fp16_bytes_per_token(), budget)
+                                    self.runner.fp16_bytes_per_token(), budget, self.runner.on_gpu)
         self.scheduler = Scheduler(self.runner, budget, int(params.get("max_active_sequences", 64)),
                                    on_stats=self.metrics.publish)
         self.scheduler.start()

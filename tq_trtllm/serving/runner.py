@@ -43,17 +43,23 @@ class Runner:
         return TurboQuantCache(self.table, backend="kernels" if self.on_gpu else "reference")
 
     def fp16_bytes_per_token(self) -> int:
-        return self.num_layers * self.table.kv_heads * self.table.fp16_token_bytes()
+        return cache_bytes(self.table, "fp16", 1)
 
     def bytes_for(self, tokens: int) -> int:
         """What a `tokens`-long sequence's cache holds, in the format's bytes."""
-        if self.cache_kind == "fp16":
-            return tokens * self.fp16_bytes_per_token()
-        return self.table.cache_bytes(tokens)
+        return cache_bytes(self.table, self.cache_kind, tokens)
 
     def bytes_per_token(self) -> float:
         """At docs/FORMAT.md's reference context (sinks and the recent window amortized)."""
         return self.bytes_for(REFERENCE_CONTEXT) / REFERENCE_CONTEXT
+
+
+def cache_bytes(table, cache_kind: str, tokens: int) -> int:
+    """The bytes admission reserves for a `tokens`-long sequence in `cache_kind`: the engine's
+    format (table.cache_bytes), or an FP16 cache of the same layers and KV heads."""
+    if cache_kind == "fp16":
+        return tokens * len(table.layers) * table.kv_heads * table.fp16_token_bytes()
+    return table.cache_bytes(tokens)
 
 
 def eos_ids(model) -> frozenset[int]:

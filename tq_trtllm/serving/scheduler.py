@@ -41,6 +41,8 @@ class Sequence:
     generator: torch.Generator | None = None
     next_token: int = -1
     generated: int = 0
+    arrived: float = field(default_factory=time.monotonic)  # when submit queued it
+    waited_for_pages: bool = False
 
 
 @dataclass
@@ -55,6 +57,9 @@ class Stats:
     finished: int = 0
     cancelled: int = 0
     failed: int = 0
+    admitted: int = 0
+    waited_for_pages: int = 0  # requests held back at least once because the budget was full
+    queue_seconds: float = 0.0  # from submit to admission, summed over admitted requests
 
 
 class Scheduler:
@@ -132,10 +137,18 @@ class Scheduler:
     def _admit(self) -> None:
         while len(self.active) < self.max_active:
             with self.cv:
-                if not self.waiting or self.reserved + self.waiting[0].need > self.budget:
+                if not self.waiting:
+                    return
+                if self.reserved + self.waiting[0].need > self.budget:
+                    for held in self.waiting:  # first come, first served: all wait for pages
+                        if not held.waited_for_pages:
+                            held.waited_for_pages = True
+                            self.stats.waited_for_pages += 1
                     return
                 seq = self.waiting.popleft()
                 self.reserved += seq.need
+            self.stats.admitted += 1
+            self.stats.queue_seconds += time.monotonic() - seq.arrived
             self.active.append(seq)
             self._prefill(seq)
 
