@@ -173,6 +173,11 @@ def run(engine: Path, client_counts: list[int], requests_per_client: int, max_to
                                    max_active=max_active, cpu_threads=cpu_threads)
         entries = [e for e in entries if baseline or e.cache == "turboquant"]
         cases = plan_cases(engine, entries, prompt_tokens + max_tokens, kv_cache_mib << 20)
+        for case in cases:
+            if case.admits == 0:
+                raise TQError(f"--kv-cache-mib {kv_cache_mib} holds no sequence of {case.model} of "
+                              f"{prompt_tokens + max_tokens} tokens (--prompt-tokens plus --max-tokens); "
+                              "raise --kv-cache-mib or lower those")
         host = "127.0.0.1"
         ports = launcher.Ports(*(launcher.free_port(host) for _ in range(3)))
         proc = launcher.start_server(repo, ports, host, [c.model for c in cases],
