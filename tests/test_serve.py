@@ -286,6 +286,39 @@ def test_admission_waits_for_pages(server):
     assert client.metric(samples, "tq_waiting_sequences", model=BASELINE) == 0
 
 
+def test_admission_at_a_fixed_budget(server, engine):
+    """8 MiB hold 4 FP16 sequences of 76 tokens (1,751,040 bytes each), not 5: of 8 concurrent
+    requests the baseline never runs more than 4 at once and the rest wait for pages; the 3-bit
+    cache, at fewer bytes per sequence, runs more than 4 at once in the same budget. Every request
+    completes (bench.measure refuses a run whose requests did not all finish)."""
+    from tq_trtllm.models.checkpoint import load_tokenizer
+    from tq_trtllm.serving import bench
+    from tq_trtllm.serving.repository import ModelEntry as Entry
+
+    prompt_tokens, max_tokens, clients, fits = 64, 12, 8, 4
+    budget = BUDGET_MIB << 20
+    cases = {c.cache: c for c in bench.plan_cases(engine, [Entry(MODEL, engine, "turboquant"),
+                                                           Entry(BASELINE, engine, "fp16")],
+                                                  prompt_tokens + max_tokens, budget)}
+    assert cases["fp16"].admits == fits and cases["turboquant"].admits > fits, cases
+    prompts = bench.budget_prompts(load_tokenizer(), prompt_tokens)
+    served = {"grpc": server.grpc, "metrics": server.metrics_url}
+    fp16 = bench.measure(served, cases["fp16"], clients, 1, prompts, max_tokens, timeout=300)
+    tq = bench.measure(served, cases["turboquant"], clients, 1, prompts, max_tokens, timeout=300)
+    assert fp16["peak_batch"] == fits, fp16  # the budget's limit, reached and never passed
+    assert fp16["waited_for_pages"] >= clients - fits, fp16
+    assert tq["peak_batch"] > fits, tq
+    assert fp16["tokens"] == tq["tokens"] == clients * max_tokens  # no end token in 12 steps
+
+
+def test_bench_serve_refuses_a_budget_that_holds_no_sequence(engine):
+    from tq_trtllm.cli.bench import main as bench_main
+
+    done = CliRunner().invoke(bench_main, ["serve", "--engine", str(engine), "--kv-cache-mib", "1"])
+    assert done.exit_code == 1 and "--kv-cache-mib 1 holds no sequence of" in done.output, done.output
+    assert "Traceback" not in done.output
+
+
 def test_metrics_bytes_per_token(server):
     samples = server.metrics()
     tq = client.metric(samples, "tq_kv_bytes_per_token", model=MODEL)
