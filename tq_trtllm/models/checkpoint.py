@@ -88,14 +88,20 @@ def check_checkpoint(checkpoint: str | Path | None) -> Path:
     return path
 
 
-def load_tokenizer(checkpoint: str | Path | None = None):
-    """The checkpoint's tokenizer alone (None: the embedded default), without its weights."""
+def load_part(auto_class: str, checkpoint: str | Path | None = None):
+    """One part of the checkpoint without its weights (None: the embedded default), through the
+    transformers Auto class named (AutoTokenizer, AutoConfig)."""
     path = Path(checkpoint).expanduser().resolve() if checkpoint else default_checkpoint()
     where, extra = _source(path)
     try:
-        return _transformers().AutoTokenizer.from_pretrained(where, local_files_only=True, **extra)
+        return getattr(_transformers(), auto_class).from_pretrained(where, local_files_only=True, **extra)
     except Exception as err:  # transformers raises many types for unreadable files
-        raise TQError(f"checkpoint {path} could not be loaded: {type(err).__name__}: {err}") from None
+        raise TQError(f"checkpoint {path} could not be read: {type(err).__name__}: {err}") from None
+
+
+def load_tokenizer(checkpoint: str | Path | None = None):
+    """The checkpoint's tokenizer alone (None: the embedded default), without its weights."""
+    return load_part("AutoTokenizer", checkpoint)
 
 
 def load_model(family_name: str, checkpoint: str | Path | None = None) -> LoadedModel:

@@ -64,14 +64,9 @@ def check_model(hf_config, opts: TrtllmBuildOptions) -> None:
 
 def read_config(checkpoint: str | None):
     """The checkpoint's Hugging Face config alone (no weights), for the checks before calibration."""
-    from ..models.checkpoint import _source, _transformers, default_checkpoint
+    from ..models.checkpoint import load_part
 
-    path = Path(checkpoint).expanduser().resolve() if checkpoint else default_checkpoint()
-    where, extra = _source(path)
-    try:
-        return _transformers().AutoConfig.from_pretrained(where, local_files_only=True, **extra)
-    except Exception as err:  # transformers raises many types for unreadable files
-        raise TQError(f"checkpoint {path} could not be read: {type(err).__name__}: {err}") from None
+    return load_part("AutoConfig", checkpoint)
 
 
 def _build_rank(hf_dir: Path, table: KVTable, opts: TrtllmBuildOptions, rank: int, rope_args: dict,
