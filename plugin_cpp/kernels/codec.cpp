@@ -14,7 +14,12 @@ namespace {
 constexpr int kNormBytes = 2;  // one fp16 norm per group and token
 constexpr int kMinWidthX2 = 2, kMaxWidthX2 = 2 * TQ_MAX_BITS;
 
-bool is_kernel_head_dim(int32_t d) { return d == 64 || d == 128; }
+// head_dim one the kernels have, else an error prefixed with `what`.
+tq_status check_head_dim(const char* what, int32_t d) {
+  if (d == 64 || d == 128) return TQ_OK;
+  return tq::fail(TQ_ERR_UNSUPPORTED_HEAD_DIM, "%s head_dim %d is not supported by the CUDA kernels; "
+                  "supported head dims are 64 and 128", what, d);
+}
 
 std::string width_text(int32_t width_x2) {
   char text[32];
@@ -39,9 +44,7 @@ std::string groups_text(const tq_codec& c) {
 
 // head_dim and width_x2 supported, else an error prefixed with `fn`.
 tq_status check_width(const char* fn, int32_t head_dim, int32_t width_x2) {
-  if (!is_kernel_head_dim(head_dim))
-    return tq::fail(TQ_ERR_UNSUPPORTED_HEAD_DIM, "%s head_dim %d is not supported by the CUDA kernels; "
-                    "supported head dims are 64 and 128", fn, head_dim);
+  TQ_TRY(check_head_dim(fn, head_dim));
   if (width_x2 < kMinWidthX2 || width_x2 > kMaxWidthX2)
     return tq::fail(TQ_ERR_UNSUPPORTED_BITS, "%s width_x2 %d (a width of %s bits) is not supported; "
                     "supported widths are %s (width_x2 %d to %d)", fn, width_x2,
@@ -80,9 +83,7 @@ namespace tq {
 
 tq_status check_codec_shape(const tq_codec& codec, const char* what) {
   const int32_t d = codec.head_dim, groups = codec.num_groups;
-  if (!is_kernel_head_dim(d))
-    return fail(TQ_ERR_UNSUPPORTED_HEAD_DIM, "%s head_dim %d is not supported by the CUDA kernels; "
-                "supported head dims are 64 and 128", what, d);
+  TQ_TRY(check_head_dim(what, d));
   if (groups != 1 && groups != 2)
     return fail(TQ_ERR_INVALID_ARGUMENT, "%s codec has %d groups; use 1 (integer widths) or 2 "
                 "(fractional widths)", what, groups);
