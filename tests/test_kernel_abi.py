@@ -37,18 +37,25 @@ def test_library_reads_exactly_the_references_format_versions():
             assert f"reads versions {first} to {last}" in message, message
 
 
-def test_a_library_of_another_format_version_is_refused_when_loaded(monkeypatch):
-    """The binding asks the library, on loading, whether it reads the package's format version: a
-    package of another version gets TQError naming the version, never a library that misreads."""
-    monkeypatch.setattr(_lib, "FORMAT_VERSION", FORMAT_VERSION + 1)
+def refused_on_load(monkeypatch, name: str, value: int, match: str) -> None:
+    """The binding with its `name` set to `value` refuses the built library when it loads it, with
+    a TQError matching `match`; afterwards the binding is as it was and loads the library again."""
+    monkeypatch.setattr(_lib, name, value)
     _lib.library.cache_clear()
     try:
-        with pytest.raises(TQError, match=rf"tq_check_format_version failed \(status 9\): packed "
-                                          rf"cache format version {FORMAT_VERSION + 1} is not readable"):
+        with pytest.raises(TQError, match=match):
             _lib.library()
     finally:
         monkeypatch.undo()
         _lib.library.cache_clear()
+
+
+def test_a_library_of_another_format_version_is_refused_when_loaded(monkeypatch):
+    """The binding asks the library, on loading, whether it reads the package's format version: a
+    package of another version gets TQError naming the version, never a library that misreads."""
+    refused_on_load(monkeypatch, "FORMAT_VERSION", FORMAT_VERSION + 1,
+                    rf"tq_check_format_version failed \(status 9\): packed cache format version "
+                    rf"{FORMAT_VERSION + 1} is not readable")
     assert _lib.library().tq_check_format_version(FORMAT_VERSION) == 0
 
 
@@ -57,15 +64,9 @@ def test_a_library_of_another_abi_version_is_refused_when_loaded(monkeypatch):
     run, their structs, tq_codec_init): a library of another version is refused with a message
     that says to rebuild it, never called through mismatched signatures."""
     assert kernels.library().tq_abi_version() == _lib.ABI_VERSION == _header_abi_version()
-    monkeypatch.setattr(_lib, "ABI_VERSION", _lib.ABI_VERSION + 1)
-    _lib.library.cache_clear()
-    try:
-        with pytest.raises(TQError, match=rf"has C ABI version {_lib.ABI_VERSION - 1}, this package needs "
-                                          rf"{_lib.ABI_VERSION}; rebuild it"):
-            _lib.library()
-    finally:
-        monkeypatch.undo()
-        _lib.library.cache_clear()
+    abi = _lib.ABI_VERSION
+    refused_on_load(monkeypatch, "ABI_VERSION", abi + 1,
+                    rf"has C ABI version {abi}, this package needs {abi + 1}; rebuild it")
 
 
 def _header_abi_version() -> int:
