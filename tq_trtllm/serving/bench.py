@@ -33,22 +33,25 @@ SETTLE_S = 30.0  # for the model's last loop turn to reach /metrics after the la
 def budget_prompts(tokenizer, tokens: int) -> list[str]:
     """PROMPTS, each padded with FILLER words to exactly `tokens` tokens of `tokenizer` (as the
     server counts them)."""
+    def count(text: str) -> int:
+        return len(tokenizer(text)["input_ids"])
+
     prompts = []
     for start in PROMPTS:
         text, words = start, 0
-        while len(tokenizer(text)["input_ids"]) < tokens:
-            word = FILLER[words % len(FILLER)]
-            if len(tokenizer(f"{text} {word}")["input_ids"]) <= tokens:
-                text = f"{text} {word}"
-            elif len(tokenizer(f"{text} a")["input_ids"]) <= tokens:  # one more token exactly
-                text = f"{text} a"
+        n = count(text)
+        while n < tokens:
+            for candidate in (f"{text} {FILLER[words % len(FILLER)]}", f"{text} a"):  # "a": one token
+                m = count(candidate)
+                if m <= tokens:
+                    text, n = candidate, m
+                    break
             words += 1
             if words > 8 * tokens:
                 raise TQError(f"no prompt of exactly {tokens} tokens could be made; choose another "
                               "--prompt-tokens")
-        if len(tokenizer(text)["input_ids"]) != tokens:
-            raise TQError(f"a prompt came out at {len(tokenizer(text)['input_ids'])} tokens, not "
-                          f"{tokens}; choose another --prompt-tokens")
+        if n != tokens:
+            raise TQError(f"a prompt came out at {n} tokens, not {tokens}; choose another --prompt-tokens")
         prompts.append(text)
     return prompts
 
